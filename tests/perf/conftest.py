@@ -1,0 +1,162 @@
+"""Fixtures for the perf tests: a tiny tokenizer, fake LLM models on the real tritonserver, deployment folders."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+import pytest
+
+MODELS = Path(__file__).parent / "models"
+
+_TEXT_CONFIG = """
+name: "{name}"
+backend: "python"
+max_batch_size: 8
+{policy}
+input [
+  {{ name: "text_input", data_type: TYPE_STRING, dims: [ 1 ] }},
+  {{ name: "max_tokens", data_type: TYPE_INT32, dims: [ 1 ] }},
+  {{ name: "stream", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }},
+  {{ name: "end_id", data_type: TYPE_INT32, dims: [ 1 ], optional: true }},
+  {{ name: "temperature", data_type: TYPE_FP32, dims: [ 1 ], optional: true }},
+  {{ name: "runtime_top_k", data_type: TYPE_INT32, dims: [ 1 ], optional: true }},
+  {{ name: "runtime_top_p", data_type: TYPE_FP32, dims: [ 1 ], optional: true }},
+  {{ name: "random_seed", data_type: TYPE_UINT64, dims: [ 1 ], optional: true }}
+]
+output [
+  {{ name: "text_output", data_type: TYPE_STRING, dims: [ 1 ] }}{ids}
+]
+parameters {{ key: "token_delay_ms", value: {{ string_value: "{delay}" }} }}
+parameters {{ key: "with_ids", value: {{ string_value: "{with_ids}" }} }}
+instance_group [ {{ count: 1, kind: KIND_CPU }} ]
+"""
+
+_TOKEN_CONFIG = """
+name: "{name}"
+backend: "python"
+max_batch_size: 8
+{policy}
+input [
+  {{ name: "input_ids", data_type: TYPE_INT32, dims: [ -1 ] }},
+  {{ name: "input_lengths", data_type: TYPE_INT32, dims: [ 1 ] }},
+  {{ name: "request_output_len", data_type: TYPE_INT32, dims: [ 1 ] }},
+  {{ name: "streaming", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }},
+  {{ name: "end_id", data_type: TYPE_INT32, dims: [ 1 ], optional: true }}
+]
+output [
+  {{ name: "output_ids", data_type: TYPE_INT32, dims: [ -1, -1 ] }},
+  {{ name: "sequence_length", data_type: TYPE_INT32, dims: [ -1 ] }}
+]
+parameters {{ key: "token_delay_ms", value: {{ string_value: "{delay}" }} }}
+instance_group [ {{ count: 1, kind: KIND_CPU }} ]
+"""
+
+#: name → (source, decoupled, token delay in ms, with output_ids)
+FAKE_MODELS = {
+    "text_llm": ("fake_text_llm.py", False, 1, True),
+    "text_llm_stream": ("fake_text_llm.py", True, 5, True),
+    "text_llm_noids": ("fake_text_llm.py", True, 1, False),
+    "tensorrt_llm": ("fake_token_llm.py", True, 2, True),
+    "tensorrt_llm_offline": ("fake_token_llm.py", False, 1, True),
+}
+
+
+def write_fake_repo(root: Path, names: Iterable[str] = FAKE_MODELS) -> Path:
+    """A model repository with (some of) the fake LLMs of FAKE_MODELS."""
+    for name in names:
+        source, decoupled, delay, with_ids = FAKE_MODELS[name]
+        (root / name / "1").mkdir(parents=True)
+        shutil.copy(MODELS / source, root / name / "1" / "model.py")
+        template = _TEXT_CONFIG if source == "fake_text_llm.py" else _TOKEN_CONFIG
+        config = template.format(
+            name=name,
+            policy="model_transaction_policy { decoupled: true }" if decoupled else "",
+            delay=delay,
+            with_ids="true" if with_ids else "false",
+            ids=',\n  { name: "output_ids", data_type: TYPE_INT32, dims: [ -1 ] }' if with_ids else "",
+        )
+        (root / name / "config.pbtxt").write_text(config.lstrip())
+    return root
+
+
+def write_tiny_tokenizer(dest: Path) -> Path:
+    """A byte-level BPE trained on a few sentences, saved so that AutoTokenizer loads it offline."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    sentences = [
+        "the quick brown fox jumps over the lazy dog",
+        "hello world, this is a tiny tokenizer for tests",
+        "triton serves large language models and speech models",
+    ]
+    tokenizer.train_from_iterator(sentences * 10, trainer)
+    dest.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(dest / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"}
+    (dest / "tokenizer_config.json").write_text(json.dumps(config))
+    return dest
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_tokenizer(tmp_path_factory.mktemp("tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def fake_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """The bundled tritonserver serving the fake LLMs (started once per session)."""
+    from trtdeploy.server import launch
+
+    root = tmp_path_factory.mktemp("perf-server")
+    with launch(write_fake_repo(root / "repo"), log_file=root / "tritonserver.log", timeout=120) as server:
+        yield server
+
+
+@pytest.fixture
+def make_deployment(tmp_path: Path, tiny_tokenizer: Path) -> Callable[..., Path]:
+    """``make_deployment(model, entry_model, mode, models)``: a deployment folder as `trtdeploy build` leaves it,
+    its model repository holding ``models`` of the fake LLMs (none by default)."""
+
+    def make(
+        model: str = "perf_fake_llm",
+        entry_model: str = "text_llm_stream",
+        mode: str = "streaming",
+        models: Iterable[str] = (),
+    ) -> Path:
+        path = tmp_path / "deployments" / model / f"torch-fp32-bs8-tp1pp1-{mode}"
+        path.mkdir(parents=True)
+        models = list(models)
+        write_fake_repo(path / "model_repo", models)
+        point = {
+            "model": model,
+            "engine": "torch",
+            "precision": "fp32",
+            "max_batch_size": 8,
+            "mode": mode,
+            "gpu": "cpu",
+            "max_input_len": 256,
+            "max_output_len": 64,
+            "tp": 1,
+            "pp": 1,
+            "options": {},
+        }
+        manifest = {
+            "status": "complete",
+            "point": point,
+            "entry_model": entry_model,
+            "llm_model_name": "tensorrt_llm",
+            "triton_models": models,
+            "paths": {"checkpoint": str(tiny_tokenizer), "llm": str(tiny_tokenizer)},
+        }
+        (path / "manifest.json").write_text(json.dumps(manifest))
+        return path
+
+    return make

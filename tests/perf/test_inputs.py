@@ -1,0 +1,143 @@
+"""Input rows: jsonl files, local datasets through `datasets`, synthetic prompts of exact token lengths."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trtdeploy.errors import NetworkError, NotFoundError, UsageError
+from trtdeploy.perf.inputs import load_dataset_rows, load_jsonl, synthetic_prompts
+from trtdeploy.perf.llm import TextLLMWorkload, load_tokenizer
+
+
+def _write(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_jsonl_rows_with_references_and_blank_lines(tmp_path):
+    path = _write(
+        tmp_path / "prompts.jsonl",
+        ['{"input": "hello", "output": "world"}', "", '{"input": "again", "max_tokens": 5}'],
+    )
+    rows = load_jsonl(path)
+    assert [(r.input, r.reference, r.max_tokens) for r in rows] == [("hello", "world", None), ("again", None, 5)]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"input": "a",}', "not valid JSON"),
+        ('["input"]', "expected a JSON object, got list"),
+        ('{"prompt": "a", "output": "b"}', 'no "input" key (keys: prompt, output)'),
+        ('{"input": "a", "max_tokens": 0}', '"max_tokens" must be a positive integer'),
+    ],
+)
+def test_jsonl_errors_name_file_and_line(tmp_path, line, message):
+    path = _write(tmp_path / "prompts.jsonl", ['{"input": "fine"}', line])
+    with pytest.raises(UsageError) as caught:
+        load_jsonl(path)
+    assert caught.value.message.startswith(f"{path}:2: ")
+    assert message in caught.value.message
+
+
+def test_jsonl_missing_or_empty(tmp_path):
+    with pytest.raises(NotFoundError, match="does not exist"):
+        load_jsonl(tmp_path / "nope.jsonl")
+    with pytest.raises(UsageError, match="has no rows"):
+        load_jsonl(_write(tmp_path / "empty.jsonl", ["", "  "]))
+
+
+@pytest.fixture
+def local_csv(tmp_path):
+    path = tmp_path / "data.csv"
+    path.write_text("query,answer\nwhat is up,the sky\nhow are you,fine\n")
+    return path
+
+
+def test_local_dataset_file_with_explicit_columns(local_csv):
+    rows = load_dataset_rows(str(local_csv), column="query", reference_column="answer")
+    assert [(r.input, r.reference) for r in rows] == [("what is up", "the sky"), ("how are you", "fine")]
+    assert rows[0].fields == {"query": "what is up", "answer": "the sky"}
+
+
+def test_local_dataset_default_columns(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps({"text": f"t{i}", "output": f"o{i}", "id": i}) + "\n" for i in range(3)))
+    rows = load_dataset_rows(str(path))
+    assert [(r.input, r.reference) for r in rows] == [("t0", "o0"), ("t1", "o1"), ("t2", "o2")]
+
+
+def test_local_parquet_folder(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    pq.write_table(pa.table({"prompt": ["a", "b"]}), folder / "train.parquet")
+    assert [r.input for r in load_dataset_rows(str(folder))] == ["a", "b"]
+
+
+def test_missing_column_names_it_and_lists_the_others(local_csv):
+    with pytest.raises(NotFoundError) as caught:
+        load_dataset_rows(str(local_csv), column="prompt_text")
+    assert "prompt_text" in caught.value.message
+    assert caught.value.hint == "available columns: query, answer"
+    with pytest.raises(NotFoundError, match="none of the columns"):
+        load_dataset_rows(str(local_csv))  # no default column in it
+    with pytest.raises(NotFoundError, match="'label'"):
+        load_dataset_rows(str(local_csv), column="query", reference_column="label")
+
+
+def test_missing_split_lists_the_splits(local_csv):
+    with pytest.raises(NotFoundError) as caught:
+        load_dataset_rows(str(local_csv), split="test", column="query")
+    assert "'test'" in caught.value.message and caught.value.hint == "available splits: train"
+
+
+def test_unreadable_local_file_type(tmp_path):
+    path = tmp_path / "data.txt"
+    path.write_text("x")
+    with pytest.raises(UsageError, match="cannot read"):
+        load_dataset_rows(str(path))
+
+
+def test_hub_dataset_without_network_is_a_network_error(tmp_path):
+    # in a fresh interpreter, so that HF_HUB_OFFLINE is read when `datasets` is imported
+    code = (
+        "from trtdeploy.perf.inputs import load_dataset_rows\n"
+        "from trtdeploy.errors import NetworkError\n"
+        "try:\n"
+        "    load_dataset_rows('someone/some_dataset')\n"
+        "except NetworkError as exc:\n"
+        "    print('NETWORK', exc.message, '|', exc.hint)\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.stdout.startswith("NETWORK cannot load dataset 'someone/some_dataset'"), done.stdout + done.stderr
+    assert "pass a local path" in done.stdout
+    assert NetworkError.exit_code == 7
+
+
+@pytest.mark.parametrize("length", [1, 2, 3, 7, 16, 50, 130])
+def test_synthetic_prompts_have_exactly_the_asked_token_count(tiny_tokenizer, length):
+    tokenizer = load_tokenizer(tiny_tokenizer)
+    prompts = synthetic_prompts(tokenizer, 6, length, seed=3)
+    assert [len(tokenizer.encode(p, add_special_tokens=True)) for p in prompts] == [length] * 6
+    assert len(set(prompts)) == 6
+
+
+def test_synthetic_prompts_are_deterministic_by_seed(tiny_tokenizer):
+    tokenizer = load_tokenizer(tiny_tokenizer)
+    assert synthetic_prompts(tokenizer, 3, 12, seed=1) == synthetic_prompts(tokenizer, 3, 12, seed=1)
+    assert synthetic_prompts(tokenizer, 3, 12, seed=1) != synthetic_prompts(tokenizer, 3, 12, seed=2)
+
+
+def test_workload_synthetic_rows_carry_the_output_length(tiny_tokenizer):
+    rows = TextLLMWorkload("ensemble", tiny_tokenizer).synthetic_rows(4, input_tokens=9, output_tokens=5, seed=0)
+    assert len(rows) == 4 and all(row.max_tokens == 5 for row in rows)

@@ -1,0 +1,104 @@
+"""Level plans, splitting across workers, settings validation and command-line parsing."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from trtdeploy.errors import UsageError
+from trtdeploy.perf.loadgen import Level
+from trtdeploy.perf.runner import InputSpec, LoadSettings, resolve_endpoint
+
+
+def test_level_items_walk_the_rows_from_the_offset():
+    level = Level(0, num_requests=5, warmup=2, concurrency=2)
+    assert level.items(3, warmup=False) == [(2, 0, False), (3, 1, False), (4, 2, False), (5, 0, False), (6, 1, False)]
+    assert level.items(3, warmup=True) == [(0, 2, True), (1, 0, True)]  # the rows after the measured ones
+    shifted = Level(1, num_requests=2, warmup=1, concurrency=1, row_offset=10)
+    assert shifted.items(20, warmup=False) == [(1, 10, False), (2, 11, False)]
+    assert shifted.items(20, warmup=True) == [(0, 12, True)]
+
+
+def test_closed_loop_shares_split_slots_and_requests_alike():
+    level = Level(0, num_requests=10, warmup=0, concurrency=5)
+    shares = level.shares(10, 2, seed=0, warmup=False)
+    assert [share.slots for share in shares] == [3, 2]
+    assert [len(share.items) for share in shares] == [6, 4]
+    assert sorted(seq for share in shares for seq, _, _ in share.items) == list(range(10))
+    # fewer slots than workers: the idle worker gets nothing
+    idle = Level(0, num_requests=4, warmup=0, concurrency=1).shares(4, 2, seed=0, warmup=False)
+    assert [len(share.items) for share in idle] == [4, 0]
+
+
+def test_open_loop_shares_split_the_rate():
+    shares = Level(0, num_requests=9, warmup=0, request_rate=30.0).shares(9, 3, seed=1, warmup=False)
+    assert [share.rate for share in shares] == [10.0, 10.0, 10.0]
+    assert [len(share.items) for share in shares] == [3, 3, 3]
+    assert len({share.seed for share in shares}) == 3
+
+
+def test_default_requests_and_warmup_per_level():
+    levels = LoadSettings(concurrency=(1, 8)).levels(rows=10)
+    assert [(lv.concurrency, lv.num_requests, lv.warmup) for lv in levels] == [(1, 10, 1), (8, 32, 8)]
+    rates = LoadSettings(request_rates=(2.0, 5.5)).levels(rows=10)
+    assert [(lv.request_rate, lv.num_requests, lv.warmup) for lv in rates] == [(2.0, 20, 0), (5.5, 55, 0)]
+    fixed = LoadSettings(concurrency=(4,), num_requests=3, warmup=0).levels(rows=10)
+    assert [(fixed[0].num_requests, fixed[0].warmup)] == [(3, 0)]
+    assert all(level.row_offset == 0 for level in levels + rates + fixed)  # every level sees the same rows
+
+
+def test_synthetic_inputs_give_every_request_its_own_prompt():
+    load = LoadSettings(concurrency=(1, 8))
+    levels = load.levels(rows=load.synthetic_rows(), synthetic=True)
+    assert [(lv.num_requests, lv.warmup, lv.row_offset) for lv in levels] == [(16, 1, 0), (32, 8, 17)]
+    assert load.synthetic_rows() == 16 + 1 + 32 + 8
+    rows = [row for lv in levels for warmup in (True, False) for _, row, _ in lv.items(57, warmup=warmup)]
+    assert sorted(rows) == list(range(57))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"workers": 0}, {"request_rates": (0.0,)}, {"num_requests": 0}, {"warmup": -1}, {"timeout_s": 0}],
+)
+def test_bad_load_settings(kwargs):
+    with pytest.raises(UsageError):
+        LoadSettings(**kwargs)
+
+
+def test_inputs_are_exclusive(tmp_path):
+    with pytest.raises(UsageError, match="--input-data and --isl are exclusive"):
+        InputSpec(jsonl=tmp_path / "a.jsonl", isl=5)
+    with pytest.raises(UsageError, match="go with --dataset"):
+        InputSpec(column="text")
+
+
+def test_endpoint_from_url(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRTDEPLOY_STATE_DIR", str(tmp_path))  # no server recorded
+    endpoint, deployment = resolve_endpoint("grpc://localhost:8001/", "grpc", None)
+    assert endpoint.url == "localhost:8001" and deployment is None
+    assert endpoint.metrics_url == "http://localhost:8002/metrics"
+    assert resolve_endpoint("localhost:20001", "http", None)[0].metrics_url is None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-c", "0"], "--concurrency values must be >= 1, got 0"),
+        (["-c", "1,x"], "'x' in '1,x' is not an integer"),
+        (["-c", "1", "--request-rate", "5"], "are exclusive"),
+        (["--request-rate", "5,-1"], "--request-rate values must be > 0"),
+        (["--slo", "ttft_ms"], "--slo expects key=value"),
+        (["--slo", "ttft_ms=fast"], "the limit must be a number"),
+        (["--max-error-rate", "2"], "--max-error-rate must be between 0 and 1"),
+    ],
+)
+def test_cli_usage_errors(args, message):
+    import typer
+
+    from trtdeploy.cli.perf import perf
+
+    app = typer.Typer()
+    app.command()(perf)
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split())

@@ -1,0 +1,325 @@
+"""The load generator against the real bundled tritonserver serving fake LLMs (tests/perf/models/)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trtdeploy.deployment import Deployment
+from trtdeploy.errors import NotFoundError, ServerError, UsageError
+from trtdeploy.hookspecs import hookimpl
+from trtdeploy.perf.llm import TextLLMWorkload, TokenLLMWorkload, load_tokenizer
+from trtdeploy.perf.runner import Endpoint, InputSpec, LoadSettings, PerfSettings, benchmark, run_levels
+from trtdeploy.perf.workload import InputRow, RequestOptions
+from trtdeploy.plugins import pm, reset_for_tests
+from trtdeploy.spec import ModelSpec
+
+ROWS = [InputRow(f"tell me about number {i} please", reference=f"tell me about number {i}") for i in range(6)]
+
+
+def run(workload, endpoint, load, rows=ROWS, **kwargs):
+    return asyncio.run(run_levels(workload, rows, endpoint, load, **kwargs))
+
+
+def measured(result, level=0):
+    return [rec for rec in result.records if rec.level == level and not rec.warmup]
+
+
+def max_overlap(records) -> int:
+    events = sorted([(rec.send_ns, 1) for rec in records] + [(rec.end_ns, -1) for rec in records])
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+@pytest.fixture
+def grpc(fake_server) -> Endpoint:
+    return Endpoint(fake_server.grpc_url, "grpc", fake_server.metrics_url)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.server
+def test_offline_requests_all_come_back(grpc):
+    load = LoadSettings(concurrency=(1, 2), num_requests=len(ROWS), warmup=1)
+    result = run(TextLLMWorkload("text_llm"), grpc, load, options=RequestOptions(max_tokens=3))
+    assert len(result.records) == 2 * (1 + len(ROWS))
+    for index, summary in enumerate(result.summary["levels"]):
+        recs = measured(result, index)
+        assert sorted(rec.row for rec in recs) == list(range(len(ROWS)))
+        assert all(rec.error is None and rec.output_tokens == 3 for rec in recs)
+        assert summary["requests"] == len(ROWS) and summary["errors"] == 0
+        assert summary["ttft_ms"] is None and summary["e2e_ms"]["count"] == len(ROWS)
+        assert summary["server"]["models"]["text_llm"]["requests"] == len(ROWS)
+        assert summary["server"]["metrics"]["counters"]  # Prometheus counters moved
+    assert result.summary["stream"] is False
+    assert result.summary["levels"][0]["accuracy"]["exact_match"] == 0.0  # 3 of the prompt's words only
+
+
+@pytest.mark.server
+def test_streamed_requests_have_ttft_before_e2e(grpc):
+    load = LoadSettings(concurrency=(2,), warmup=0)
+    result = run(TextLLMWorkload("text_llm_stream"), grpc, load, options=RequestOptions(max_tokens=4))
+    summary = result.summary["levels"][0]
+    for rec in measured(result):
+        assert rec.error is None
+        assert rec.send_ns < rec.chunk_ns[0] < rec.end_ns
+        assert rec.chunk_tokens == [1, 1, 1, 1] and rec.token_source == "server"
+        assert rec.text == " ".join(rec.reference.split()[:4])
+    assert result.summary["stream"] is True
+    assert 5 <= summary["ttft_ms"]["p50"] < summary["e2e_ms"]["p50"]
+    assert 4 <= summary["itl_ms"]["p50"] <= 25  # the model sleeps 5 ms per token
+    assert summary["accuracy"]["exact_match"] == 0.0 and 0 < summary["accuracy"]["rouge_l_f1"] < 1
+
+
+@pytest.mark.server
+def test_concurrency_four_overlaps_requests(grpc):
+    load = LoadSettings(concurrency=(1, 4), num_requests=12, warmup=0)
+    result = run(TextLLMWorkload("text_llm_stream"), grpc, load, options=RequestOptions(max_tokens=6))
+    assert max_overlap(measured(result, 0)) == 1
+    assert max_overlap(measured(result, 1)) == 4
+    low, high = result.summary["levels"]
+    assert high["achieved_concurrency"] > 2.5 > low["achieved_concurrency"]
+    assert high["request_throughput"] > 2 * low["request_throughput"]
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("model", ["text_llm", "text_llm_stream"])
+def test_failed_requests_are_counted_not_dropped(grpc, model):
+    rows = [*ROWS[:3], InputRow("FAIL this one"), InputRow("and FAIL this")]
+    load = LoadSettings(concurrency=(2,), num_requests=len(rows), warmup=0)
+    result = run(TextLLMWorkload(model), grpc, load, rows=rows, options=RequestOptions(max_tokens=2))
+    summary = result.summary["levels"][0]
+    assert summary["requests"] == 5 and summary["errors"] == 2 and summary["completed"] == 3
+    assert summary["error_rate"] == pytest.approx(0.4)
+    failed = [rec for rec in result.records if rec.error]
+    assert sorted(rec.row for rec in failed) == [3, 4]
+    assert all("fake failure" in rec.error for rec in failed)
+    assert list(summary["error_messages"].values()) == [2]
+
+
+@pytest.mark.server
+def test_text_without_ids_is_retokenized(grpc, tiny_tokenizer):
+    load = LoadSettings(concurrency=(1,), warmup=0)
+    result = run(TextLLMWorkload("text_llm_noids", tiny_tokenizer), grpc, load, options=RequestOptions(max_tokens=5))
+    tokenizer = load_tokenizer(tiny_tokenizer)
+    assert result.summary["levels"][0]["token_source"] == "retokenized"
+    for rec in measured(result):
+        assert rec.token_source == "retokenized"
+        assert rec.output_tokens == len(tokenizer.encode(rec.text, add_special_tokens=False))
+        assert rec.input_tokens == len(tokenizer.encode(ROWS[rec.row].input))
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("model", ["tensorrt_llm", "tensorrt_llm_offline"])
+def test_token_contract_counts_generated_ids_only(grpc, tiny_tokenizer, model):
+    load = LoadSettings(concurrency=(2,), warmup=0)
+    options = RequestOptions(max_tokens=5, ignore_eos=True)
+    result = run(TokenLLMWorkload(model, tiny_tokenizer), grpc, load, options=options)
+    summary = result.summary["levels"][0]
+    assert summary["errors"] == 0
+    assert summary["output_tokens"]["min"] == summary["output_tokens"]["max"] == 5  # the echoed prompt is not counted
+    assert (summary["itl_ms"] is not None) == (model == "tensorrt_llm")
+
+
+@pytest.mark.server
+def test_http_offline(fake_server):
+    endpoint = Endpoint(fake_server.http_url, "http")
+    load = LoadSettings(concurrency=(3,), num_requests=len(ROWS), warmup=0)
+    result = run(TextLLMWorkload("text_llm"), endpoint, load)
+    summary = result.summary["levels"][0]
+    assert summary["errors"] == 0 and summary["requests"] == len(ROWS)
+    assert result.summary["protocol"] == "http"
+    assert summary["server"]["models"]["text_llm"]["requests"] == len(ROWS)
+
+
+@pytest.mark.server
+def test_request_rate_levels(grpc):
+    load = LoadSettings(request_rates=(40.0, 80.0), num_requests=8)
+    result = run(TextLLMWorkload("text_llm_stream"), grpc, load, options=RequestOptions(max_tokens=2))
+    for summary in result.summary["levels"]:
+        assert summary["requests"] == 8 and summary["errors"] == 0
+        assert summary["scheduling_lag_ms"]["count"] == 8
+    assert [s["request_rate"] for s in result.summary["levels"]] == [40.0, 80.0]
+
+
+@pytest.mark.server
+def test_worker_processes_merge_their_records(grpc):
+    load = LoadSettings(concurrency=(4,), num_requests=12, warmup=2, workers=2)
+    result = run(TextLLMWorkload("text_llm_stream"), grpc, load, options=RequestOptions(max_tokens=3))
+    recs = measured(result)
+    assert len(recs) == 12 and len(result.records) == 14
+    assert {rec.worker for rec in recs} == {0, 1}
+    assert sorted(rec.seq for rec in recs) == list(range(2, 14))
+    assert max_overlap(recs) >= 3
+    assert result.summary["levels"][0]["errors"] == 0
+
+
+@pytest.mark.server
+def test_stream_timeout_fails_the_request(grpc):
+    load = LoadSettings(concurrency=(2,), num_requests=2, warmup=0, timeout_s=0.1)
+    result = run(TextLLMWorkload("text_llm_stream"), grpc, load, options=RequestOptions(max_tokens=40))  # 200 ms
+    summary = result.summary["levels"][0]
+    assert summary["errors"] == 2 and summary["error_messages"] == {"timed out after 0.1 s": 2}
+    assert all(0.1 <= (rec.end_ns - rec.send_ns) / 1e9 < 1.5 for rec in result.records)
+
+
+@pytest.mark.server
+def test_stream_mode_must_match_the_model(grpc, fake_server):
+    with pytest.raises(UsageError, match="'text_llm' is not decoupled"):
+        run(TextLLMWorkload("text_llm"), grpc, LoadSettings(), stream=True)
+    with pytest.raises(UsageError, match="'text_llm_stream' is decoupled"):
+        run(TextLLMWorkload("text_llm_stream"), grpc, LoadSettings(), stream=False)
+    with pytest.raises(UsageError, match="streaming needs --protocol grpc"):
+        run(TextLLMWorkload("text_llm_stream"), Endpoint(fake_server.http_url, "http"), LoadSettings())
+
+
+@pytest.mark.server
+def test_unknown_model_lists_the_served_ones(grpc):
+    with pytest.raises(NotFoundError) as caught:
+        run(TextLLMWorkload("ensemble"), grpc, LoadSettings())
+    assert "has no model 'ensemble'" in caught.value.message and "text_llm_stream" in caught.value.hint
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_unreachable_server_is_a_server_error(protocol):
+    port = free_port()
+    with pytest.raises(ServerError) as caught:
+        run(TextLLMWorkload("ensemble"), Endpoint(f"localhost:{port}", protocol), LoadSettings())
+    assert caught.value.message.startswith(f"cannot reach Triton at localhost:{port}: ")
+    assert "trtdeploy serve --background" in caught.value.hint
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "trtdeploy", "perf", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_cli_unreachable_server_exits_5(make_deployment, tmp_path):
+    port = free_port()
+    done = _cli(str(make_deployment()), "--url", f"localhost:{port}", "--model", "tensorrt_llm", cwd=tmp_path)
+    assert done.returncode == 5, done.stderr
+    assert f"Error: cannot reach Triton at localhost:{port}:" in done.stderr
+    assert done.stdout == ""
+
+
+@pytest.mark.server
+def test_cli_json_run_writes_reports(fake_server, make_deployment, tmp_path):
+    out = tmp_path / "out"
+    done = _cli(
+        str(make_deployment()),
+        *("--url", fake_server.grpc_url, "--metrics-url", fake_server.metrics_url, "--model", "tensorrt_llm"),
+        *("--isl", "8", "--osl", "4", "--ignore-eos", "-c", "1,2", "--slo", "ttft_ms=1000,itl_ms=1000"),
+        *("--output-dir", str(out), "--json"),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)  # stdout holds the JSON and nothing else
+    assert [level["concurrency"] for level in summary["levels"]] == [1, 2]
+    assert summary["levels"][0]["input_tokens"]["min"] == summary["levels"][0]["input_tokens"]["max"] == 8
+    assert summary["levels"][1]["output_tokens"]["p50"] == 4
+    assert summary["levels"][1]["goodput"] == pytest.approx(summary["levels"][1]["request_throughput"])
+    assert sorted(p.name for p in out.iterdir()) == [
+        "latency.png",
+        "requests.jsonl",
+        "summary.csv",
+        "summary.json",
+        "throughput.png",
+    ]
+    assert json.loads((out / "summary.json").read_text()) == summary
+
+
+@pytest.mark.server
+def test_benchmark_finds_the_server_serve_started(make_deployment, tmp_path, monkeypatch):
+    from trtdeploy.server import serve_deployment
+
+    monkeypatch.setenv("TRTDEPLOY_STATE_DIR", str(tmp_path / "state"))
+    deployment = Deployment.load(make_deployment(models=["tensorrt_llm"]))
+    server, _ = serve_deployment(deployment, background=True)
+    with server:
+        settings = PerfSettings(
+            model="tensorrt_llm",
+            inputs=InputSpec(isl=8, osl=3),
+            load=LoadSettings(num_requests=4, warmup=0),
+            output_dir=tmp_path / "out",
+            plots=False,
+        )
+        result = benchmark(settings)
+    assert result.summary["url"] == server.grpc_url
+    assert result.summary["deployment"] == str(deployment.path)
+    level = result.summary["levels"][0]
+    assert level["requests"] == 4 and level["errors"] == 0 and level["output_tokens"]["mean"] == 3
+    assert level["server"]["metrics"] is not None  # the recorded server's metrics port
+    assert (tmp_path / "out" / "summary.json").is_file()
+
+
+class _FakeLLM(ModelSpec):
+    """A model plugin whose workload is the text contract of the fake LLMs."""
+
+    name = "perf_fake_llm"
+    default_repo = "none/none"
+    templates_dir = Path(__file__).parent
+
+    def validate_checkpoint(self, checkpoint_dir):
+        return None
+
+    def write_random_checkpoint(self, dest, *, seed=0):
+        return None
+
+    def entry_model(self, mode):
+        return "text_llm_stream" if mode == "streaming" else "text_llm"
+
+    def workload(self, deployment):
+        return TextLLMWorkload(deployment.entry_model, deployment.llm_dir, decoupled=deployment.decoupled)
+
+
+class _FakePlugin:
+    @hookimpl
+    def register_models(self, register):
+        register(_FakeLLM())
+
+
+@pytest.fixture
+def fake_plugin():
+    pm.register(_FakePlugin(), name="perf-fake-llm")
+    reset_for_tests()
+    yield
+    pm.unregister(name="perf-fake-llm")
+    reset_for_tests()
+
+
+@pytest.mark.server
+def test_cli_plugin_workload_and_error_rate_exit(fake_server, fake_plugin, make_deployment, tmp_path, capsys):
+    from trtdeploy.cli.main import main
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"input": text}) + "\n" for text in ("one two", "FAIL now", "three")))
+    out = tmp_path / "out"
+    args = ["perf", str(make_deployment()), "--url", fake_server.grpc_url, "--input-data", str(prompts)]
+    args += ["--model", "text_llm", "--osl", "2", "--num-requests", "3", "--output-dir", str(out), "--no-plots"]
+    with pytest.raises(SystemExit) as caught:
+        main(args)
+    captured = capsys.readouterr()
+    assert caught.value.code == 6, captured.err
+    assert "1 of 3 requests failed at concurrency 1" in " ".join(captured.err.split())
+    assert "text_llm (offline, grpc)" in captured.out
+    lines = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert [line["row"] for line in lines if line["error"]] == [1]
+    assert [line["warmup"] for line in lines] == [True, False, False, False]
+
+    with pytest.raises(SystemExit) as caught:
+        main([*args, "--max-error-rate", "0.5"])
+    assert caught.value.code == 0

@@ -1,0 +1,181 @@
+"""Helpers for the server tests: tiny python-backend models, hand-written deployment folders, process checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+ECHO_MODEL = """
+import ssl  # an extension module of the serving interpreter: its own libpython must be the one loaded
+
+import tritonclient  # installed only in the serving environment: the stub must see its site-packages
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            data = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", data * 2)]))
+        return responses
+"""
+
+BROKEN_MODEL = """
+class TritonPythonModel:
+    def initialize(self, args):
+        raise RuntimeError("weights are missing")
+
+    def execute(self, requests):
+        return []
+"""
+
+SLOW_MODEL = """
+import time
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        time.sleep(60)
+
+    def execute(self, requests):
+        return []
+"""
+
+MODELS = {"echo": ECHO_MODEL, "broken": BROKEN_MODEL, "slow": SLOW_MODEL}
+
+
+def write_model(repo: Path, name: str, source: str) -> None:
+    """A python-backend model ``name`` with one FP32 input INPUT and one output OUTPUT."""
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(
+        textwrap.dedent(f"""\
+        name: "{name}"
+        backend: "python"
+        max_batch_size: 0
+        input [ {{ name: "INPUT" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+        output [ {{ name: "OUTPUT" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+        instance_group [ {{ kind: KIND_CPU count: 1 }} ]
+        """)
+    )
+    (repo / name / "1" / "model.py").write_text(source)
+
+
+def write_repo(repo: Path, *models: str) -> Path:
+    repo.mkdir(parents=True, exist_ok=True)
+    for name in models:
+        write_model(repo, name, MODELS[name])
+    return repo
+
+
+def write_deployment(path: Path, *models: str, status: str = "complete", tp: int = 1) -> Path:
+    """A deployment folder as ``trtdeploy build`` leaves it: manifest.json plus model_repo/."""
+    write_repo(path / "model_repo", *models)
+    point = {
+        "model": "echo_model",
+        "engine": "torch",
+        "precision": "fp32",
+        "max_batch_size": 1,
+        "mode": "offline",
+        "gpu": "cpu",
+        "max_input_len": 16,
+        "max_output_len": 16,
+        "tp": tp,
+        "pp": 1,
+        "options": {},
+    }
+    manifest = {
+        "schema": 1,
+        "status": status,
+        "point": point,
+        "entry_model": models[0],
+        "triton_models": list(models),
+        "llm_model_name": "tensorrt_llm",
+        "paths": {"checkpoint": str(path / "checkpoint"), "llm": str(path / "checkpoint")},
+    }
+    if status != "complete":
+        manifest["error"] = "trtllm-build exited with status 1"
+    (path / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return path
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rfind(")") + 2 :].split()
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def live_processes() -> dict[int, list[str]]:
+    """Every live (non-zombie) process: pid -> its /proc stat fields after the name."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat(int(entry))
+            if fields is not None and fields[0] not in ("Z", "X"):
+                found[int(entry)] = fields
+    return found
+
+
+def leftovers(*, pgid: int | None = None, mentioning: Path | None = None) -> list[str]:
+    """Live processes in process group ``pgid``, children of it, or whose command line mentions ``mentioning``."""
+    left = []
+    for pid, fields in live_processes().items():
+        cmd = _cmdline(pid)
+        in_group = pgid is not None and (int(fields[2]) == pgid or int(fields[1]) == pgid or pid == pgid)
+        if in_group or (mentioning is not None and str(mentioning) in cmd):
+            left.append(f"{pid}: {cmd}")
+    return left
+
+
+def stubs_of(pid: int) -> list[int]:
+    """Live python-backend stub processes whose parent is ``pid``."""
+    return [
+        p
+        for p, fields in live_processes().items()
+        if int(fields[1]) == pid and "triton_python_backend_stub" in _cmdline(p)
+    ]
+
+
+def wait_until(predicate, timeout: float = 30.0, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+CLI = [sys.executable, "-m", "trtdeploy"]
+
+
+def run_cli(*args: str, timeout: float = 120.0, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
+def start_cli(*args: str, cwd: Path | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)

@@ -1,0 +1,151 @@
+"""launch(): a real bundled tritonserver on the CPU with tiny python-backend models."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from trtdeploy.errors import ServerError
+from trtdeploy.server import _process, launch
+
+from .helpers import leftovers, port_free, stubs_of, wait_until, write_repo
+
+pytestmark = pytest.mark.server
+
+
+def test_launch_serves_and_stop_leaves_nothing(tmp_path: Path, ports: list[int]) -> None:
+    repo = write_repo(tmp_path / "repo", "echo")
+    http, grpc, metrics = ports
+    with launch(repo, http_port=http, grpc_port=grpc, metrics_port=metrics, timeout=60) as server:
+        assert server.http_url == f"localhost:{http}" and server.grpc_url == f"localhost:{grpc}"
+        assert server.metrics_url == f"http://localhost:{metrics}/metrics"
+        assert server.is_ready() and server.models == ["echo"]
+        assert server.pgid == os.getpgid(server.pid) != os.getpgid(0)
+        assert stubs_of(server.pid), "the echo model runs in a python backend stub"
+        client = httpclient.InferenceServerClient(server.http_url)
+        try:
+            tensor = httpclient.InferInput("INPUT", [3], "FP32")
+            tensor.set_data_from_numpy(np.arange(3, dtype=np.float32))
+            result = client.infer("echo", [tensor]).as_numpy("OUTPUT")
+        finally:
+            client.close()
+        assert result.tolist() == [0.0, 2.0, 4.0]
+        assert server.log_file.read_text().count("successfully loaded 'echo'") == 1
+    assert leftovers(pgid=server.pgid, mentioning=repo) == []
+    assert all(port_free(p) for p in ports)
+    assert not list(Path("/dev/shm").glob(f"{server.shm_prefix}*"))
+    server.stop()  # idempotent
+
+
+def test_free_ports_and_a_temp_log_by_default(tmp_path: Path) -> None:
+    repo = write_repo(tmp_path / "repo", "echo")
+    server = launch(repo, timeout=60)
+    try:
+        assert len({server.http_port, server.grpc_port, server.metrics_port}) == 3
+        assert server.log_file.is_file() and "tritonserver" in server.log_file.name
+    finally:
+        server.stop()
+    assert leftovers(pgid=server.pgid, mentioning=repo) == []
+
+
+def test_stop_kills_what_ignores_sigterm(tmp_path: Path) -> None:
+    repo = write_repo(tmp_path / "repo", "echo")
+    server = launch(repo, timeout=60)
+    os.kill(server.pid, signal.SIGSTOP)  # a hung server: SIGTERM has no effect until SIGKILL
+    server.stop(timeout=1)
+    assert leftovers(pgid=server.pgid, mentioning=repo) == []
+
+
+def test_port_in_use_is_refused_before_starting(tmp_path: Path, ports: list[int]) -> None:
+    repo = write_repo(tmp_path / "repo", "echo")
+    with socket.socket() as busy:
+        busy.bind(("", ports[1]))
+        busy.listen()
+        with pytest.raises(ServerError, match=rf"port {ports[1]} \(gRPC\) is in use") as caught:
+            launch(repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2])
+    assert "trtdeploy stop" in caught.value.hint
+    assert leftovers(mentioning=repo) == []
+
+
+def test_model_that_fails_to_load_is_named_with_its_error(tmp_path: Path) -> None:
+    repo = write_repo(tmp_path / "repo", "echo", "broken")
+    log = tmp_path / "server.log"
+    with pytest.raises(ServerError) as caught:
+        launch(repo, log_file=log, timeout=60)
+    error = caught.value
+    assert error.message == "model 'broken' failed to load: Internal: RuntimeError: weights are missing"
+    assert f"last lines of {log}" in error.details and "weights are missing" in error.details
+    assert leftovers(mentioning=repo) == []
+
+
+def test_runs_append_to_one_log_and_each_is_judged_by_its_own_lines(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    with pytest.raises(ServerError, match="'broken' failed to load"):
+        launch(write_repo(tmp_path / "bad", "broken"), log_file=log, timeout=60)
+    first_run = log.read_text()
+    with launch(write_repo(tmp_path / "good", "echo"), log_file=log, timeout=60) as server:  # not failed by run 1
+        assert "failed to load" not in server.log_tail(lines=10_000)
+    assert log.read_text().startswith(first_run) and "successfully loaded 'echo'" in log.read_text()
+
+
+def test_timeout_names_the_models_not_ready(tmp_path: Path) -> None:
+    repo = write_repo(tmp_path / "repo", "echo")
+    with pytest.raises(ServerError, match=r"not ready after 2 s \(models ghost not ready\)") as caught:
+        launch(repo, models=["echo", "ghost"], timeout=2)
+    assert "Started HTTPService" in caught.value.details
+    assert leftovers(mentioning=repo) == []
+
+
+def test_interrupt_during_startup_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = write_repo(tmp_path / "repo", "slow")
+    log = tmp_path / "server.log"
+
+    def interrupt_once_loading(self, models=None) -> bool:
+        if wait_until(lambda: "loading: slow" in log.read_text() and stubs_of(self.pid), timeout=30):
+            raise KeyboardInterrupt
+        return False
+
+    monkeypatch.setattr("trtdeploy.server._process.RunningServer.is_ready", interrupt_once_loading)
+    with pytest.raises(KeyboardInterrupt):
+        launch(repo, log_file=log, timeout=60)
+    assert "loading: slow" in log.read_text()
+    assert leftovers(mentioning=repo) == []
+
+
+def test_missing_repository(tmp_path: Path) -> None:
+    with pytest.raises(ServerError, match="does not exist"):
+        launch(tmp_path / "nothing")
+
+
+def test_a_picked_port_taken_before_the_server_binds_it_is_picked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = write_repo(tmp_path / "repo", "echo")
+    real_free_port = _process.free_port
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        taken = [busy.getsockname()[1]]
+        monkeypatch.setattr(_process, "free_port", lambda: taken.pop() if taken else real_free_port())
+        with launch(repo, timeout=60) as server:
+            assert server.is_ready() and server.http_port != busy.getsockname()[1]
+    assert leftovers(mentioning=repo) == []
+
+
+def test_a_given_port_taken_before_the_server_binds_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = write_repo(tmp_path / "repo", "echo")
+    monkeypatch.setattr(_process, "port_in_use", lambda port: False)  # lose the race on purpose
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(ServerError, match=rf"^port {port} \(gRPC\) is in use$") as caught:
+            launch(repo, grpc_port=port, timeout=60)
+    assert "already in use" in caught.value.details
+    assert leftovers(mentioning=repo) == []

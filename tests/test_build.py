@@ -1,0 +1,144 @@
+"""Building deployment folders: plan, content hash, all-or-nothing writes, dry runs, bad input."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from trtdeploy import build, plugins
+from trtdeploy.deployment import Deployment, find_latest
+from trtdeploy.engines.base import BuildStep
+from trtdeploy.errors import BuildError, NetworkError, NotFoundError, UsageError
+
+from .conftest import run_cli
+
+
+def request(checkpoint: Path, root: Path, **changes) -> build.BuildRequest:
+    base = build.BuildRequest(model="qwen_llm", gpu="cpu", model_dir=checkpoint, output_root=root, max_batch_size=4)
+    return replace(base, **changes)
+
+
+def test_build_writes_a_complete_validated_deployment(qwen_checkpoint, tmp_path):
+    result = build.run(request(qwen_checkpoint, tmp_path))
+    deployment = result.deployment
+    assert not result.up_to_date
+    assert deployment.path == tmp_path.resolve() / "qwen_llm" / "torch-fp32-bs4-tp1pp1-streaming"
+    manifest = json.loads((deployment.path / "manifest.json").read_text())
+    assert manifest["status"] == "complete"
+    assert manifest["point"]["precision"] == "fp32" and manifest["point"]["gpu"] == "cpu"
+    assert manifest["versions"]["trtdeploy"] and manifest["versions"]["torch"]
+    assert [step["name"] for step in manifest["steps"]] == ["render"]
+    assert sorted(deployment.models) == ["ensemble", "postprocessing", "preprocessing", "tensorrt_llm"]
+    for model in deployment.models:
+        text = (deployment.model_repo / model / "config.pbtxt").read_text()
+        assert "${" not in text
+        assert (deployment.model_repo / model / "1").is_dir()
+    assert "decoupled: true" in (deployment.model_repo / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert (deployment.path / "checkpoint").resolve() == qwen_checkpoint.resolve()
+    assert find_latest(tmp_path).path == deployment.path
+
+
+def test_an_unchanged_point_is_not_rebuilt_and_force_rebuilds(qwen_checkpoint, tmp_path):
+    first = build.run(request(qwen_checkpoint, tmp_path)).deployment
+    stamp = (first.path / "manifest.json").stat().st_mtime_ns
+    again = build.run(request(qwen_checkpoint, tmp_path))
+    assert again.up_to_date and (first.path / "manifest.json").stat().st_mtime_ns == stamp
+    forced = build.run(request(qwen_checkpoint, tmp_path), force=True)
+    assert not forced.up_to_date
+    assert json.loads((forced.deployment.path / "manifest.json").read_text())["hash"] == first.manifest["hash"]
+    changed = build.run(request(qwen_checkpoint, tmp_path, max_output_len=64, mode="offline"))
+    assert not changed.up_to_date and changed.deployment.path.name.endswith("-offline")
+
+
+def test_dry_run_plans_everything_and_touches_nothing(qwen_checkpoint, tmp_path):
+    result = run_cli(
+        "build", "qwen_llm", "--gpu", "cpu", "--model-dir", str(qwen_checkpoint),
+        "--output-dir", str(tmp_path / "deployments"), "--dry-run", "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["dry_run"] and plan["entry_model"] == "ensemble"
+    assert "model_repo/tensorrt_llm/config.pbtxt" in plan["files"]
+    assert "model_repo/ensemble/config.pbtxt" in plan["files"]
+    assert not (tmp_path / "deployments").exists()
+
+
+def test_dry_run_without_a_local_checkpoint_plans_the_download(tmp_path):
+    result = run_cli("build", "qwen_llm", "--gpu", "H100", "--dry-run", "--json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["checkpoint"] == "hf://Qwen/Qwen2.5-0.5B-Instruct@main"
+    assert plan["point"]["precision"] == "bf16"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_step_leaves_nothing_that_looks_complete(qwen_checkpoint, tmp_path, monkeypatch):
+    good = build.run(request(qwen_checkpoint, tmp_path)).deployment
+    engine = plugins.get_engine("torch")
+    failing = BuildStep("convert", "convert the checkpoint", argv=("sh", "-c", "echo converting; echo bad >&2; exit 3"))
+    monkeypatch.setattr(type(engine), "steps", lambda self, ctx: [failing])
+    with pytest.raises(BuildError, match="'convert' failed \\(exit code 3\\)") as info:
+        build.run(request(qwen_checkpoint, tmp_path), force=True)
+    assert "bad" in info.value.details
+    failed = good.path.with_name(good.path.name + ".failed")
+    assert json.loads((failed / "manifest.json").read_text())["status"] == "failed"
+    assert "converting" in (failed / "logs" / "convert.log").read_text()
+    assert Deployment.load(good.path).manifest["hash"] == good.manifest["hash"]  # the old build is intact
+    with pytest.raises(BuildError, match="not a complete build"):
+        Deployment.load(failed)
+    assert [p.name for p in good.path.parent.iterdir() if p.name.startswith(".")] == []
+
+
+def test_an_interrupted_build_is_marked_failed(qwen_checkpoint, tmp_path, monkeypatch):
+    def interrupt(log: Path) -> None:
+        raise KeyboardInterrupt
+
+    engine = plugins.get_engine("torch")
+    monkeypatch.setattr(type(engine), "steps", lambda self, ctx: [BuildStep("slow", "slow", run=interrupt)])
+    with pytest.raises(KeyboardInterrupt):
+        build.run(request(qwen_checkpoint, tmp_path))
+    folder = tmp_path / "qwen_llm" / "torch-fp32-bs4-tp1pp1-streaming"
+    assert not folder.exists()
+    manifest = json.loads(folder.with_name(folder.name + ".failed").joinpath("manifest.json").read_text())
+    assert manifest == {**manifest, "status": "failed", "error": "interrupted"}
+    with pytest.raises(NotFoundError):
+        find_latest(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("changes", "error", "message"),
+    [
+        ({"engine": "nope"}, NotFoundError, "unknown engine 'nope'"),
+        ({"model": "nope"}, NotFoundError, "unknown model 'nope'"),
+        ({"precision": "int3"}, UsageError, "cannot build precision 'int3'"),
+        ({"mode": "sideways"}, UsageError, "no 'sideways' mode"),
+        ({"max_batch_size": 0}, UsageError, "--max-batch-size must be >= 1"),
+        ({"options": {"colour": "red"}}, UsageError, "unknown option 'colour'"),
+        ({"options": {"chat_template": "maybe"}}, UsageError, "not a valid bool"),
+        ({"gpu": "V100"}, UsageError, "unknown GPU 'V100'"),
+    ],
+)
+def test_bad_requests_are_rejected_before_anything_runs(qwen_checkpoint, tmp_path, changes, error, message):
+    with pytest.raises(error, match=message):
+        build.run(request(qwen_checkpoint, tmp_path, **changes))
+    assert not (tmp_path / "qwen_llm").exists()
+
+
+def test_a_folder_that_is_not_the_model_is_refused(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match="missing config.json, tokenizer_config.json"):
+        build.plan(request(tmp_path / "empty", tmp_path))
+    with pytest.raises(NotFoundError, match="is not a folder"):
+        build.plan(request(tmp_path / "absent", tmp_path))
+
+
+def test_hub_unreachable_points_to_model_dir(tmp_path):
+    with pytest.raises(NetworkError) as info:
+        build.run(request(None, tmp_path, model_dir=None))
+    assert "--model-dir" in info.value.hint
+    result = run_cli("build", "qwen_llm", "--gpu", "cpu", cwd=tmp_path)
+    assert result.returncode == 7
+    assert result.stderr.count("\n") <= 3 and "Error: cannot download Qwen/Qwen2.5-0.5B-Instruct" in result.stderr

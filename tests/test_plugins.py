@@ -1,0 +1,172 @@
+"""The plugin system: each hook exercised through a plugin registered the way third parties do it."""
+
+from __future__ import annotations
+
+import inspect
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+
+import trtdeploy
+from trtdeploy import hookspecs, plugins
+from trtdeploy.engines.base import Engine
+
+from .conftest import run_cli
+
+
+class EchoSpec(trtdeploy.ModelSpec):
+    name = "echo_test_model"
+    description = "test model"
+    default_repo = "example/echo"
+    templates_dir = Path(__file__).parent
+
+    def validate_checkpoint(self, checkpoint_dir: Path) -> None: ...
+
+    def write_random_checkpoint(self, dest: Path, *, seed: int = 0) -> None: ...
+
+    def entry_model(self, mode: trtdeploy.Mode) -> str:
+        return "echo"
+
+    def workload(self, deployment: trtdeploy.Deployment) -> Any:
+        raise NotImplementedError
+
+
+class NullEngine(Engine):
+    name = "null_test_engine"
+    precisions = ("fp32",)
+    templates_dir = Path(__file__).parent
+
+    def unavailable_reason(self) -> str | None:
+        return None
+
+    def default_precision(self, device: str) -> str:
+        return "fp32"
+
+    def template_context(self, ctx: trtdeploy.BuildContext) -> dict[str, Any]:
+        return {}
+
+
+class TestPlugin:
+    @trtdeploy.hookimpl
+    def register_models(self, register):
+        register(EchoSpec())
+
+    @trtdeploy.hookimpl
+    def register_engines(self, register):
+        register(NullEngine())
+
+    @trtdeploy.hookimpl
+    def register_commands(self, app: typer.Typer):
+        @app.command(name="hello-test")
+        def hello(*, name: str = "world") -> None:
+            """Say hello."""
+            typer.echo(f"hello {name}")
+
+
+@pytest.fixture
+def test_plugin():
+    plugins.load_plugins()
+    plugins.pm.register(TestPlugin(), name="test-plugin")
+    plugins.reset_for_tests()
+    try:
+        yield
+    finally:
+        plugins.pm.unregister(name="test-plugin")
+        plugins.reset_for_tests()
+
+
+def test_hook_register_models(test_plugin):
+    assert isinstance(plugins.get_model("echo_test_model"), EchoSpec)
+    info = {p.name: p for p in plugins.list_plugins()}["test-plugin"]
+    assert info.models == ["echo_test_model"]
+    assert "register_models" in info.hooks
+
+
+def test_hook_register_engines(test_plugin):
+    assert isinstance(plugins.get_engine("null_test_engine"), NullEngine)
+    assert "torch" in plugins.get_engines()  # the built-in engine arrives through the same hook
+
+
+def test_hook_register_commands(test_plugin, capsys):
+    from trtdeploy.cli.main import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["hello-test", "--name", "triton"])
+    assert exit_info.value.code == 0
+    assert "hello triton" in capsys.readouterr().out
+
+
+def test_duplicate_model_names_are_an_error(test_plugin):
+    class Twin:
+        @trtdeploy.hookimpl
+        def register_models(self, register):
+            register(EchoSpec())
+
+    plugins.pm.register(Twin(), name="twin-plugin")
+    plugins.reset_for_tests()
+    try:
+        with pytest.raises(trtdeploy.UsageError, match="registered by both"):
+            plugins.get_models()
+    finally:
+        plugins.pm.unregister(name="twin-plugin")
+
+
+def test_unknown_model_lists_installed_ones():
+    with pytest.raises(trtdeploy.NotFoundError) as info:
+        plugins.get_model("no_such_model")
+    assert "qwen_llm" in info.value.hint
+
+
+def test_every_hook_is_documented_and_tested():
+    """Every hook in hookspecs.py has a docstring with its parameters, and a test_hook_<name> in this module."""
+    hooks = [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction) if hasattr(fn, "trtdeploy_spec")]
+    assert hooks, "no hooks found"
+    tests = {name for name in globals() if name.startswith("test_hook_")}
+    for hook in hooks:
+        doc = inspect.getdoc(getattr(hookspecs, hook)) or ""
+        assert len(doc) > 40, f"hook {hook} needs a docstring"
+        for param in inspect.signature(getattr(hookspecs, hook)).parameters:
+            assert f":param {param}:" in doc, f"hook {hook} does not document {param}"
+        assert f"test_hook_{hook}" in tests, f"hook {hook} has no test_hook_{hook}"
+
+
+def test_plugins_command_lists_versions_models_and_hooks():
+    result = run_cli("plugins", "--json")
+    assert result.returncode == 0, result.stderr
+    import json
+
+    listed = {p["name"]: p for p in json.loads(result.stdout)["plugins"]}
+    assert listed["qwen_llm"]["models"] == ["qwen_llm"]
+    assert listed["qwen_llm"]["version"]
+    assert "register_models" in listed["qwen_llm"]["hooks"]
+    assert listed["trtdeploy.engines.torch"]["engines"] == ["torch"]
+
+
+def test_a_broken_plugin_is_named_and_the_others_still_load(tmp_path):
+    """A plugin whose import fails gets a one-line warning; qwen_llm and the built-ins keep working."""
+    dist = tmp_path / "broken_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[trtdeploy]\nbroken = broken_plugin_module\n")
+    (tmp_path / "broken_plugin_module.py").write_text(textwrap.dedent("raise RuntimeError('boom at import')\n"))
+    import os
+
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    result = run_cli("plugins", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "plugin 'broken' failed to load" in result.stderr
+    assert "boom at import" in result.stderr
+    assert "qwen_llm" in result.stdout
+
+
+def test_load_plugins_allow_list(tmp_path):
+    result = run_cli("plugins", "--json", env={"TRTDEPLOY_LOAD_PLUGINS": ""})
+    assert result.returncode == 0, result.stderr
+    import json
+
+    names = [p["name"] for p in json.loads(result.stdout)["plugins"]]
+    assert "qwen_llm" not in names
+    assert "trtdeploy.engines.torch" in names

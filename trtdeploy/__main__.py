@@ -1,0 +1,5 @@
+"""``python -m trtdeploy``."""
+
+from .cli.main import main
+
+main()

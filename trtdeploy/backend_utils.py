@@ -1,0 +1,60 @@
+"""Small helpers for the Python models that run inside Triton's python backend (plugins' ``model.py`` files)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+class ModelParameters:
+    """Typed access to the ``parameters { key … string_value … }`` of a model's config.pbtxt."""
+
+    def __init__(self, args: Mapping[str, Any]) -> None:
+        config = json.loads(args["model_config"])
+        self.model_name: str = config.get("name", "")
+        self.raw: dict[str, str] = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
+
+    def str(self, key: str, default: str | None = None) -> str:
+        if key in self.raw and self.raw[key] != "":
+            return self.raw[key]
+        if default is None:
+            raise KeyError(f"model {self.model_name!r}: parameter {key!r} is missing from config.pbtxt")
+        return default
+
+    def int(self, key: str, default: int | None = None) -> int:
+        return int(self.str(key, None if default is None else str(default)))
+
+    def float(self, key: str, default: float | None = None) -> float:
+        return float(self.str(key, None if default is None else str(default)))
+
+    def bool(self, key: str, default: bool | None = None) -> bool:
+        return self.str(key, None if default is None else str(default)).lower() in _TRUE
+
+
+def optional_scalar(request: Any, name: str, default: Any = None) -> Any:
+    """The first element of an optional input tensor, or ``default`` when the client did not send it."""
+    import triton_python_backend_utils as pb_utils
+
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return default
+    array = tensor.as_numpy()
+    return array.reshape(-1)[0].item() if array.size else default
+
+
+def decode_text(request: Any, name: str) -> str:
+    """A BYTES input as text; raises ValueError naming the tensor when it is missing, not UTF-8, or empty."""
+    import triton_python_backend_utils as pb_utils
+
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        raise ValueError(f"input {name!r} is missing")
+    value = tensor.as_numpy().reshape(-1)[0]
+    try:
+        text = value.decode("utf-8") if isinstance(value, bytes) else str(value)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"input {name!r} is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+    return text

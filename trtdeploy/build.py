@@ -1,0 +1,379 @@
+"""Planning and running a build: one deployment folder per build point, written all-or-nothing.
+
+A build goes into a hidden scratch folder next to its destination and is renamed into place only when every step
+has succeeded and the manifest says ``complete``. A failed build is kept as ``<point>.failed/`` (manifest status
+``failed``, logs inside) so that nothing half-written ever looks like a deployment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from . import __version__, gpus, plugins
+from .deployment import COMPLETE, MANIFEST, SCHEMA, Deployment
+from .download import Checkpoint, download, local_checkpoint
+from .engines.base import BuildStep, Engine
+from .errors import BuildError, UsageError
+from .repo import TemplateSource, render_repository, template_models
+from .spec import MODES, BuildContext, BuildPoint, Mode, ModelSpec
+
+LLM_TEMPLATE = "tensorrt_llm"
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """What the user asked for on the command line."""
+
+    model: str
+    engine: str = "torch"
+    gpu: str | None = None
+    precision: str | None = None
+    max_batch_size: int = 8
+    mode: Mode = "streaming"
+    max_input_len: int | None = None
+    max_output_len: int | None = None
+    model_dir: Path | None = None
+    revision: str | None = None
+    output_root: Path = Path("deployments")
+    options: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Plan:
+    """Everything a build will do, resolved before anything runs (``--dry-run`` prints it)."""
+
+    spec: ModelSpec
+    engine: Engine
+    point: BuildPoint
+    context: BuildContext
+    source: Checkpoint | None  # None: downloaded from ``spec.default_repo`` when the build runs
+    repo_id: str
+    revision: str | None
+    steps: list[BuildStep]
+    templates: list[TemplateSource]
+
+    @property
+    def deployment_dir(self) -> Path:
+        return self.context.deployment_dir
+
+    @property
+    def triton_models(self) -> list[str]:
+        return [model for source in self.templates for model in source.models]
+
+    def repository_files(self) -> list[str]:
+        """The files the model repository will hold (templates lose their ``.j2``)."""
+        files = []
+        for source in self.templates:
+            for model in source.models:
+                for path in sorted((source.root / model).rglob("*")):
+                    if path.is_file() and "__pycache__" not in path.parts:
+                        rel = f"model_repo/{model}/{path.relative_to(source.root / model).as_posix()}"
+                        files.append(rel.removesuffix(".j2"))
+        return files
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "model": self.spec.name,
+            "deployment": str(self.deployment_dir),
+            "point": self.point.as_dict(),
+            "checkpoint": str(self.source.path) if self.source else f"hf://{self.repo_id}@{self.revision or 'main'}",
+            "llm_dir": str(self.context.llm_dir),
+            "steps": [
+                {"name": s.name, "description": s.description, "command": list(s.argv) or None} for s in self.steps
+            ],
+            "triton_models": self.triton_models,
+            "files": ["manifest.json", "checkpoint/", "engines/", "logs/"] + self.repository_files(),
+            "entry_model": self.spec.entry_model(self.point.mode),
+        }
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    deployment: Deployment
+    #: True when an up-to-date deployment was found and nothing was rebuilt.
+    up_to_date: bool
+
+
+def plan(request: BuildRequest) -> Plan:
+    """Resolve a request into a plan; every invalid input is rejected here, before anything runs."""
+    spec = plugins.get_model(request.model)
+    engine = plugins.get_engine(request.engine)
+    reason = engine.unavailable_reason()
+    if reason:
+        raise UsageError(f"engine {engine.name!r} is not usable here: {reason}")
+    if request.mode not in spec.modes:
+        raise UsageError(f"model {spec.name!r} has no {request.mode!r} mode", hint=f"modes: {', '.join(spec.modes)}")
+    if request.mode not in MODES:
+        raise UsageError(f"unknown mode {request.mode!r}", hint=f"modes: {', '.join(MODES)}")
+    if request.max_batch_size < 1:
+        raise UsageError(f"--max-batch-size must be >= 1, got {request.max_batch_size}")
+    selection = gpus.resolve(request.gpu)
+    device = "cpu" if selection.profile is None else "cuda"
+    precision = request.precision or engine.default_precision(device)
+    if precision not in engine.precisions:
+        raise UsageError(
+            f"engine {engine.name!r} cannot build precision {precision!r}",
+            hint=f"precisions: {', '.join(engine.precisions)}",
+        )
+    max_input_len = request.max_input_len or spec.default_max_input_len
+    max_output_len = request.max_output_len or spec.default_max_output_len
+    if max_input_len < 1 or max_output_len < 1:
+        raise UsageError("--max-input-len and --max-output-len must be >= 1")
+    options = spec.parse_options(request.options)
+    point = BuildPoint(
+        model=spec.name,
+        engine=engine.name,
+        precision=precision,
+        max_batch_size=request.max_batch_size,
+        mode=request.mode,
+        gpu=selection.label,
+        max_input_len=max_input_len,
+        max_output_len=max_output_len,
+        options=tuple(sorted(options.items())),
+    )
+    source = local_checkpoint(request.model_dir) if request.model_dir else None
+    if source is not None:
+        spec.validate_checkpoint(source.path)
+        checkpoint_path = source.path
+    else:
+        checkpoint_path = _hub_cache_path(spec.default_repo, request.revision)
+    deployment_dir = (request.output_root / spec.name / point.name).resolve()
+    context = BuildContext(
+        point=point,
+        deployment_dir=deployment_dir,
+        checkpoint_dir=checkpoint_path,
+        llm_dir=checkpoint_path / spec.llm_subfolder if spec.llm_subfolder else checkpoint_path,
+        engine_dir=deployment_dir / "engines",
+        model_repo_dir=deployment_dir / "model_repo",
+        options=options,
+    )
+    if source is not None:
+        engine.validate(context)
+    return _assemble(spec, engine, context, source, request.revision)
+
+
+def _assemble(
+    spec: ModelSpec, engine: Engine, context: BuildContext, source: Checkpoint | None, revision: str | None
+) -> Plan:
+    variables = {"ctx": context, "engine": engine.template_context(context), "model": spec.template_context(context)}
+    templates = [
+        TemplateSource(engine.templates_dir, (LLM_TEMPLATE,), variables),
+        TemplateSource(spec.templates_dir, template_models(spec.templates_dir), variables),
+    ]
+    return Plan(
+        spec=spec,
+        engine=engine,
+        point=context.point,
+        context=context,
+        source=source,
+        repo_id=spec.default_repo,
+        revision=revision,
+        steps=engine.steps(context),
+        templates=templates,
+    )
+
+
+def _hub_cache_path(repo_id: str, revision: str | None) -> Path:
+    """Where a Hub download will land (shown by dry runs; the real path is known after the download)."""
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}" / "snapshots" / (revision or "main")
+
+
+def _tree_hash(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def content_hash(built: Plan) -> str:
+    """Hash of every input of the build: point, checkpoint identity, templates and tool versions."""
+    assert built.source is not None
+    inputs = {
+        "point": built.point.as_dict(),
+        "checkpoint": built.source.identity(),
+        "templates": [_tree_hash(source.root / model) for source in built.templates for model in source.models],
+        "versions": _versions(built),
+    }
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _versions(built: Plan) -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = {"trtdeploy": __version__, **built.engine.versions()}
+    module = type(built.spec).__module__.split(".")[0]
+    try:
+        versions[module] = version(module.replace("_", "-"))
+    except PackageNotFoundError:
+        versions[module] = getattr(__import__(module), "__version__", "unknown")
+    return versions
+
+
+def run(request: BuildRequest, *, force: bool = False, on_step: Callable[[str], None] = lambda _: None) -> BuildResult:
+    """Run a build: fetch the checkpoint, run the engine's steps, render and validate the model repository."""
+    built = plan(request)
+    if built.source is None:
+        on_step(f"download {built.repo_id}")
+        checkpoint = download(built.repo_id, revision=built.revision)
+        built.spec.validate_checkpoint(checkpoint.path)
+        context = _relocate(built.context, built.spec, checkpoint.path)
+        built.engine.validate(context)
+        built = _assemble(built.spec, built.engine, context, checkpoint, built.revision)
+    digest = content_hash(built)
+    final = built.deployment_dir
+    if not force and _is_up_to_date(final, digest):
+        return BuildResult(Deployment.load(final), up_to_date=True)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_scratch(final)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{final.name}.building-{os.getpid()}-", dir=final.parent))
+    manifest = _manifest(built, digest)
+    try:
+        _execute(built, scratch, manifest, on_step)
+    except BaseException as exc:
+        manifest["status"] = "failed"
+        manifest["error"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc)
+        _write_manifest(scratch, manifest)
+        failed = final.with_name(final.name + ".failed")
+        shutil.rmtree(failed, ignore_errors=True)
+        scratch.rename(failed)
+        if isinstance(exc, BuildError):
+            exc.hint = exc.hint or f"logs are in {failed / 'logs'}"
+        raise
+    _swap_into_place(scratch, final)
+    return BuildResult(Deployment.load(final), up_to_date=False)
+
+
+def _relocate(context: BuildContext, spec: ModelSpec, checkpoint: Path) -> BuildContext:
+    from dataclasses import replace
+
+    llm_dir = checkpoint / spec.llm_subfolder if spec.llm_subfolder else checkpoint
+    return replace(context, checkpoint_dir=checkpoint, llm_dir=llm_dir)
+
+
+def _is_up_to_date(final: Path, digest: str) -> bool:
+    try:
+        manifest = json.loads((final / MANIFEST).read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return manifest.get("status") == COMPLETE and manifest.get("hash") == digest
+
+
+def _remove_stale_scratch(final: Path) -> None:
+    """Scratch folders of builds whose process is gone (killed, power loss) are removed."""
+    for scratch in final.parent.glob(f".{final.name}.building-*"):
+        pid_text = scratch.name.split(".building-")[1].split("-")[0]
+        if pid_text.isdigit() and not _pid_alive(int(pid_text)):
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _manifest(built: Plan, digest: str) -> dict[str, Any]:
+    assert built.source is not None
+    return {
+        "schema": SCHEMA,
+        "status": "building",
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "hash": digest,
+        "point": built.point.as_dict(),
+        "source": built.source.identity(),
+        "paths": {"checkpoint": str(built.context.checkpoint_dir), "llm": str(built.context.llm_dir)},
+        "entry_model": built.spec.entry_model(built.point.mode),
+        "llm_model_name": built.context.llm_model_name,
+        "triton_models": built.triton_models,
+        "versions": _versions(built),
+        "steps": [],
+    }
+
+
+def _write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
+    tmp = folder / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    tmp.replace(folder / MANIFEST)
+
+
+def _execute(built: Plan, scratch: Path, manifest: dict[str, Any], on_step: Callable[[str], None]) -> None:
+    started = time.monotonic()
+    logs = scratch / "logs"
+    logs.mkdir()
+    (scratch / "engines").mkdir()
+    (scratch / "checkpoint").symlink_to(built.context.checkpoint_dir, target_is_directory=True)
+    _write_manifest(scratch, manifest)
+    for step in built.steps:
+        on_step(step.description or step.name)
+        record = _run_step(step, logs / f"{step.name}.log", cwd=scratch)
+        manifest["steps"].append(record)
+        _write_manifest(scratch, manifest)
+        if record["returncode"] != 0:
+            tail = _tail(logs / f"{step.name}.log")
+            raise BuildError(f"build step {step.name!r} failed (exit code {record['returncode']})", details=tail)
+    on_step("render model repository")
+    render_started = time.monotonic()
+    render_repository(built.templates, scratch / "model_repo")
+    manifest["steps"].append(
+        {"name": "render", "returncode": 0, "duration_s": round(time.monotonic() - render_started, 3)}
+    )
+    manifest["status"] = COMPLETE
+    manifest["duration_s"] = round(time.monotonic() - started, 3)
+    _write_manifest(scratch, manifest)
+
+
+def _run_step(step: BuildStep, log: Path, *, cwd: Path) -> dict[str, Any]:
+    started = time.monotonic()
+    record: dict[str, Any] = {"name": step.name, "command": list(step.argv) or None, "log": f"logs/{log.name}"}
+    with log.open("w") as handle:
+        if step.argv:
+            env = {**os.environ, **step.env}
+            completed = subprocess.run(step.argv, cwd=cwd, env=env, stdout=handle, stderr=subprocess.STDOUT)
+            record["returncode"] = completed.returncode
+        else:
+            assert step.run is not None
+            try:
+                step.run(log)
+                record["returncode"] = 0
+            except Exception as exc:  # recorded and reported as a failed step
+                handle.write(f"{type(exc).__name__}: {exc}\n")
+                record["returncode"] = 1
+    record["duration_s"] = round(time.monotonic() - started, 3)
+    return record
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _swap_into_place(scratch: Path, final: Path) -> None:
+    """Replace the old deployment (if any) by the new one; the old one is removed only after the rename."""
+    old = None
+    if final.exists():
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        final.rename(old)
+    scratch.rename(final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(final.with_name(final.name + ".failed"), ignore_errors=True)

@@ -1,0 +1,1 @@
+"""The ``trtdeploy`` command line: one module per command, assembled in :mod:`trtdeploy.cli.main`."""

@@ -1,0 +1,20 @@
+"""Where output goes: results on stdout (JSON only, with ``--json``), everything for humans on stderr."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+
+#: Progress, logs, warnings and errors.
+err = Console(stderr=True, highlight=False)
+#: Human-readable results (tables). Never used in ``--json`` mode.
+out = Console(highlight=False)
+
+
+def emit_json(data: Any) -> None:
+    """Write one JSON document to stdout (the only thing on stdout in ``--json`` mode)."""
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,90 @@
+"""Assembles the commands and maps every :class:`TrtDeployError` to a one-line message and an exit code."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import warnings
+from typing import Annotated, NoReturn
+
+import typer
+
+from .. import __version__
+from ..errors import ExitCode, TrtDeployError
+from ._output import err
+
+#: (module, command name): each module under trtdeploy.cli defines a function of the same name as the module.
+COMMANDS = (
+    ("plugins", "plugins"),
+    ("download", "download"),
+    ("build", "build"),
+    ("serve", "serve"),
+    ("stop", "stop"),
+    ("perf", "perf"),
+    ("quickstart", "quickstart"),
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"trtdeploy {__version__}")
+        raise typer.Exit()
+
+
+def _root(
+    *,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")
+    ] = False,
+) -> None:
+    """Build, serve and benchmark speech and language models on Triton + TensorRT-LLM."""
+
+
+def create_app() -> typer.Typer:
+    app = typer.Typer(
+        name="trtdeploy",
+        rich_markup_mode="rich",
+        context_settings={"help_option_names": ["-h", "--help"]},
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+    app.callback()(_root)
+    for module_name, command in COMMANDS:
+        module = importlib.import_module(f"{__package__}.{module_name}")
+        app.command(name=command)(getattr(module, module_name))
+    from ..plugins import PluginLoadWarning, load_plugins, pm
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", PluginLoadWarning)
+        load_plugins()
+    for warning in caught:  # a broken plugin: one line, and the others still work
+        err.print(f"[yellow]Warning:[/] {warning.message}", soft_wrap=True)
+    pm.hook.register_commands(app=app)
+    return app
+
+
+def report(exc: TrtDeployError) -> None:
+    """Print an error as ``Error: message`` plus hint and details, on stderr."""
+    err.print(f"[bold red]Error:[/] {exc.message}", soft_wrap=True)
+    if exc.details:
+        err.print(exc.details, markup=False, soft_wrap=True)
+    if exc.hint:
+        err.print(f"[dim]Hint:[/] {exc.hint}", soft_wrap=True)
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    """Console-script entry point."""
+    try:
+        app = create_app()
+        app(args=argv, prog_name="trtdeploy")
+    except TrtDeployError as exc:
+        if os.environ.get("TRTDEPLOY_DEBUG"):
+            raise
+        report(exc)
+        sys.exit(int(exc.exit_code))
+    except KeyboardInterrupt:
+        err.print("Interrupted.")
+        sys.exit(int(ExitCode.INTERRUPTED))
+    sys.exit(0)

@@ -1,0 +1,173 @@
+"""``trtdeploy perf``: load a served deployment at several concurrency levels (or request rates) and report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+
+from ._options import DeploymentArg, JsonOpt, parse_int_list, parse_key_values
+from ._output import emit_json, err, out
+
+
+def _parse_rates(text: str) -> list[float]:
+    rates = []
+    for item in text.split(","):
+        try:
+            rate = float(item)
+        except ValueError:
+            raise typer.BadParameter(f"{item.strip()!r} in {text!r} is not a number (expected e.g. 5,10)") from None
+        if rate <= 0:
+            raise typer.BadParameter(f"--request-rate values must be > 0, got {item.strip()}")
+        rates.append(rate)
+    return rates
+
+
+def _parse_slo(text: str) -> dict[str, float]:
+    slo = {}
+    for key, value in parse_key_values([item for item in text.split(",") if item.strip()], name="--slo").items():
+        try:
+            slo[key] = float(value)
+        except ValueError:
+            raise typer.BadParameter(f"--slo {key}={value!r}: the limit must be a number") from None
+    return slo
+
+
+def perf(
+    deployment: DeploymentArg = None,
+    *,
+    url: Annotated[
+        str | None,
+        typer.Option(
+            help="Triton's HOST:PORT, the gRPC or HTTP port per --protocol (default: the server `trtdeploy serve` "
+            "started)."
+        ),
+    ] = None,
+    protocol: Annotated[Literal["grpc", "http"], typer.Option(help="grpc (offline or streaming) or http.")] = "grpc",
+    model: Annotated[
+        str | None,
+        typer.Option(help="Triton model to load (default: the deployment's entry model; e.g. tensorrt_llm)."),
+    ] = None,
+    stream: Annotated[
+        bool | None,
+        typer.Option("--stream/--no-stream", help="Stream responses (default: when the model is decoupled)."),
+    ] = None,
+    concurrency: Annotated[
+        str | None, typer.Option("--concurrency", "-c", help="Closed-loop levels, e.g. 1,2,4 (default 1).")
+    ] = None,
+    request_rate: Annotated[
+        str | None, typer.Option(help="Open-loop levels in requests/s (Poisson arrivals), e.g. 5,10.")
+    ] = None,
+    num_requests: Annotated[
+        int | None,
+        typer.Option(
+            help="Measured requests per level (default: max(input rows, 4 x concurrency, or 10 s of a rate); "
+            "synthetic inputs count as 16 rows, with a prompt of its own for every request)."
+        ),
+    ] = None,
+    warmup: Annotated[
+        int | None, typer.Option(help="Unmeasured requests before each level (default: the concurrency; 0 for rates).")
+    ] = None,
+    workers: Annotated[int, typer.Option(help="Client processes sharing the load (when one core is not enough).")] = 1,
+    input_data: Annotated[
+        Path | None, typer.Option(help='Prompts file, one {"input": ..., "output": ...} per line (jsonl).')
+    ] = None,
+    dataset: Annotated[
+        str | None, typer.Option(help="Hugging Face dataset: Hub name or local folder/.json/.jsonl/.csv/.parquet.")
+    ] = None,
+    split: Annotated[str | None, typer.Option(help="Dataset split (default: the only one).")] = None,
+    column: Annotated[
+        str | None, typer.Option(help="Dataset column of the prompts (default: input, text, prompt or question).")
+    ] = None,
+    reference_column: Annotated[
+        str | None, typer.Option(help="Dataset column of expected outputs, for accuracy (default: output).")
+    ] = None,
+    isl: Annotated[
+        int | None, typer.Option(help="Synthetic prompts of exactly ISL tokens (the default input: 128).")
+    ] = None,
+    osl: Annotated[int | None, typer.Option(help="Tokens to generate per request (default: the model's).")] = None,
+    ignore_eos: Annotated[
+        bool, typer.Option("--ignore-eos", help="Generate past end-of-sequence: exactly --osl tokens (end_id -1).")
+    ] = False,
+    temperature: Annotated[float | None, typer.Option(help="Sampling temperature.")] = None,
+    top_k: Annotated[int | None, typer.Option(help="Sampling top-k.")] = None,
+    top_p: Annotated[float | None, typer.Option(help="Sampling top-p.")] = None,
+    seed: Annotated[
+        int, typer.Option(help="Seed of synthetic prompts, arrivals, and sampling (with --temperature).")
+    ] = 0,
+    slo: Annotated[
+        str | None, typer.Option(help="Goodput SLOs in ms, all met: e.g. ttft_ms=500,itl_ms=50,e2e_ms=5000.")
+    ] = None,
+    max_error_rate: Annotated[
+        float, typer.Option(help="Fail (exit 6) when a level's share of failed requests exceeds this.")
+    ] = 0.0,
+    timeout: Annotated[float, typer.Option(help="Seconds a request may take before it counts as failed.")] = 600.0,
+    metrics_url: Annotated[
+        str | None, typer.Option(help="Triton's Prometheus URL (default: the server's, or port 8002 of --url).")
+    ] = None,
+    output_dir: Annotated[
+        Path | None, typer.Option(help="Where reports go (default: perf-results/<model>-<timestamp>/).")
+    ] = None,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write latency and throughput plots.")] = True,
+    json: JsonOpt = False,
+) -> None:
+    """Benchmark a served deployment: TTFT, ITL, latency and throughput per concurrency level or request rate."""
+    try:
+        levels = parse_int_list(concurrency or "1", name="--concurrency")
+    except typer.BadParameter as exc:
+        exc.param_hint = "'--concurrency'"
+        raise
+    if concurrency is not None and request_rate is not None:
+        raise typer.BadParameter("--concurrency and --request-rate are exclusive: choose closed or open loop")
+    if not 0.0 <= max_error_rate <= 1.0:
+        raise typer.BadParameter(f"--max-error-rate must be between 0 and 1, got {max_error_rate:g}")
+    from ..perf.report import LiveProgress, print_table
+    from ..perf.runner import InputSpec, LoadSettings, PerfSettings, benchmark
+    from ..perf.workload import RequestOptions
+
+    settings = PerfSettings(
+        deployment=deployment,
+        url=url,
+        protocol=protocol,
+        metrics_url=metrics_url,
+        model=model,
+        stream=stream,
+        load=LoadSettings(
+            concurrency=tuple(levels),
+            request_rates=tuple(_parse_rates(request_rate)) if request_rate else (),
+            num_requests=num_requests,
+            warmup=warmup,
+            workers=workers,
+            timeout_s=timeout,
+            seed=seed,
+        ),
+        inputs=InputSpec(
+            jsonl=input_data,
+            dataset=dataset,
+            split=split,
+            column=column,
+            reference_column=reference_column,
+            isl=isl,
+            osl=osl,
+        ),
+        options=RequestOptions(
+            max_tokens=osl,
+            ignore_eos=ignore_eos,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed if temperature is not None else None,
+        ),
+        slo=_parse_slo(slo) if slo else {},
+        output_dir=output_dir,
+        plots=plots,
+    )
+    with LiveProgress(err) as progress:
+        run = benchmark(settings, progress=progress)
+    if json:
+        emit_json(run.summary)
+    else:
+        print_table(out, run.summary)
+        out.print(f"reports: {run.output_dir}")
+    run.check_error_rate(max_error_rate)

@@ -1,0 +1,80 @@
+"""Getting a checkpoint: from the Hugging Face Hub (with a progress bar) or from a local folder."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import NetworkError, NotFoundError, UsageError
+
+#: Files that never matter for serving and only cost download time.
+IGNORE_PATTERNS = ("*.pth", "*.pt", "*.onnx", "*.msgpack", "*.h5", "original/*", ".gitattributes")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint on local disk and where it came from."""
+
+    path: Path
+    repo_id: str | None = None
+    revision: str | None = None
+
+    def identity(self) -> dict[str, Any]:
+        """What makes this checkpoint this one, for the build's content hash."""
+        if self.repo_id is not None:
+            return {"repo_id": self.repo_id, "revision": self.revision, "commit": self.path.name}
+        return {"path": str(self.path), "fingerprint": fingerprint(self.path)}
+
+
+def fingerprint(folder: Path) -> str:
+    """Hash of every file's relative path, size and modification time (cheap; no file contents read)."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            stat = path.stat()
+            digest.update(f"{path.relative_to(folder)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def download(repo_id: str, *, revision: str | None = None, local_dir: Path | None = None) -> Checkpoint:
+    """Download a Hub repository (or reuse the cached copy) and return it as a local checkpoint."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        path = snapshot_download(
+            repo_id,
+            revision=revision,
+            local_dir=str(local_dir) if local_dir else None,
+            ignore_patterns=list(IGNORE_PATTERNS),
+        )
+    except GatedRepoError:
+        raise UsageError(
+            f"{repo_id} is gated on the Hugging Face Hub", hint="accept its licence and log in with `hf auth login`"
+        ) from None
+    except RepositoryNotFoundError:
+        raise NotFoundError(f"no repository {repo_id!r} on the Hugging Face Hub") from None
+    except RevisionNotFoundError:
+        raise NotFoundError(f"{repo_id} has no revision {revision!r}") from None
+    except (LocalEntryNotFoundError, OSError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise NetworkError(
+            f"cannot download {repo_id} from the Hugging Face Hub ({reason})",
+            hint="copy the checkpoint to this machine and pass --model-dir PATH",
+        ) from None
+    return Checkpoint(Path(path).resolve(), repo_id=repo_id, revision=revision)
+
+
+def local_checkpoint(path: Path) -> Checkpoint:
+    """A checkpoint folder given with ``--model-dir``."""
+    path = path.expanduser()
+    if not path.is_dir():
+        raise NotFoundError(f"--model-dir {path} is not a folder")
+    return Checkpoint(path.resolve())

@@ -1,0 +1,99 @@
+"""The ``torch`` engine: trtdeploy's own Triton python model around a Hugging Face causal LM, on the CPU or one GPU.
+
+It serves the TRT-LLM inflight-batcher tensor contract (see DESIGN.md, "one LLM contract") from a continuous batch run
+by :mod:`trtdeploy.engines.torch.runtime`. There is no build step: the deployment serves the checkpoint as it is.
+torch and transformers are imported only when a model is served, so the CLI starts without them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+from ...errors import UsageError
+from ...hookspecs import hookimpl
+from ...spec import BuildContext
+from ..base import Engine
+
+#: Hugging Face architectures whose layers the runtime's own forward pass reproduces.
+SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM")
+
+
+def unsupported_reason(config: dict[str, Any], max_seq_len: int) -> str | None:
+    """Why the runtime cannot serve a checkpoint with this ``config.json`` content, or None when it can."""
+    architectures = config.get("architectures") or []
+    if not architectures or architectures[0] not in SUPPORTED_ARCHITECTURES:
+        found = ", ".join(architectures) or "none given"
+        return f"architecture {found} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+    window = config.get("sliding_window")
+    sliding = config.get("use_sliding_window") or "sliding_attention" in (config.get("layer_types") or [])
+    if sliding and window is not None and window < max_seq_len:
+        return f"sliding-window attention (window {window} < max_seq_len {max_seq_len}) is not supported"
+    return None
+
+
+class TorchEngine(Engine):
+    """Serves a Hugging Face Qwen2/Qwen3/Llama checkpoint with trtdeploy's own decode loop (CUDA graphs on GPU)."""
+
+    name = "torch"
+    description = "trtdeploy's own PyTorch continuous-batching model (Qwen2/Qwen3/Llama), CPU or one GPU"
+    precisions = ("fp32", "fp16", "bf16")
+    templates_dir = Path(__file__).parent / "templates"
+
+    def unavailable_reason(self) -> str | None:
+        missing = [name for name in ("torch", "transformers") if importlib.util.find_spec(name) is None]
+        if missing:
+            return f"{' and '.join(missing)} not installed (pip install 'trtdeploy[torch]')"
+        return None
+
+    def default_precision(self, device: str) -> str:
+        return "bf16" if device == "cuda" else "fp32"
+
+    def validate(self, ctx: BuildContext) -> None:
+        point = ctx.point
+        if point.world_size > 1:
+            raise UsageError("torch engine serves one GPU; use --engine trtllm for TP/PP")
+        config_path = Path(ctx.llm_dir) / "config.json"
+        if not config_path.is_file():  # not downloaded yet: the runtime checks again when it loads the model
+            return
+        try:
+            config = json.loads(config_path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UsageError(f"{config_path} is unreadable ({exc})") from None
+        reason = unsupported_reason(config, point.max_seq_len)
+        if reason:
+            raise UsageError(f"torch engine cannot serve {ctx.llm_dir}: {reason}")
+
+    def template_context(self, ctx: BuildContext) -> dict[str, Any]:
+        point = ctx.point
+        return {
+            "hf_model_dir": str(ctx.llm_dir),
+            "precision": point.precision,
+            "device": point.device,
+            "max_slots": point.max_batch_size,
+            "max_input_len": point.max_input_len,
+            "max_seq_len": point.max_seq_len,
+            "max_num_tokens": max(8192, point.max_input_len),
+            "exclude_input_in_output": True,
+            "cuda_graphs": point.device == "cuda",
+            "cancellation_check_period_ms": 100,
+        }
+
+    def versions(self) -> dict[str, str]:
+        from importlib.metadata import PackageNotFoundError, version
+
+        found: dict[str, str] = {}
+        for package in ("torch", "transformers"):
+            try:
+                found[package] = version(package)
+            except PackageNotFoundError:
+                continue
+        return found
+
+
+@hookimpl
+def register_engines(register) -> None:
+    """Register the built-in ``torch`` engine."""
+    register(TorchEngine())

@@ -1,0 +1,338 @@
+"""A decoder forward pass of our own over a Hugging Face causal LM's weights.
+
+The weights come from the loaded transformers model (q/k/v and gate/up fused into one matmul each); rotary cos/sin
+come from the model's own rotary module for positions ``[0, max_seq_len)``, so every rope scaling type it knows is
+honoured (a dynamic one as it stands at ``max_seq_len``). The KV cache is static: per layer
+``[slots + 1, kv_heads, max_seq_len, head_dim]``, one slot per running sequence plus a scratch slot. A decode step
+runs over the slots ``[0, batch)`` and attends to the first ``span`` positions, so K/V are plain slice views; on CUDA
+each ``(batch, span)`` bucket is captured once as a CUDA graph. Prefill is right-padded and causal; small prefills
+are padded to (rows, length) buckets and replayed as CUDA graphs too.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+#: Batch and attention-span buckets a decode step is rounded up to (then capped by the slots / max_seq_len).
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+SPAN_BUCKETS = tuple(64 * 2**i for i in range(12))
+#: Prompt-length buckets of a padded prefill, and the most padded tokens a prefill CUDA graph may hold.
+PREFILL_LENGTHS = tuple(16 * 2**i for i in range(12))
+PREFILL_GRAPH_TOKENS = 8192
+
+
+@dataclass
+class _Layer:
+    """One decoder layer's weights, with q/k/v and gate/up fused."""
+
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    qkv_weight: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o_weight: torch.Tensor
+    o_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    gate_up_weight: torch.Tensor
+    gate_up_bias: torch.Tensor | None
+    down_weight: torch.Tensor
+    down_bias: torch.Tensor | None
+
+
+def _fuse(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    weight = torch.cat([linear.weight.detach() for linear in linears])
+    if all(linear.bias is None for linear in linears):
+        return weight, None
+    biases = [
+        linear.bias.detach() if linear.bias is not None else linear.weight.new_zeros(linear.out_features)
+        for linear in linears
+    ]
+    return weight, torch.cat(biases)
+
+
+def _bias(linear: torch.nn.Linear) -> torch.Tensor | None:
+    return None if linear.bias is None else linear.bias.detach()
+
+
+def _bucket(value: int, buckets: tuple[int, ...], cap: int) -> int:
+    index = bisect.bisect_left(buckets, value)
+    return min(buckets[index], cap) if index < len(buckets) else cap
+
+
+class DecoderModel:
+    """Prefill and decode over a static KV cache of ``max_slots`` sequences of up to ``max_seq_len`` tokens.
+
+    The decode step reads its inputs from static device buffers (:attr:`tokens`, :attr:`positions`,
+    :attr:`active`) and writes :attr:`logits`, so that it can be replayed as a CUDA graph.
+    """
+
+    def __init__(self, causal_lm: torch.nn.Module, *, max_slots: int, max_seq_len: int, cuda_graphs: bool = True):
+        config = causal_lm.config
+        base = causal_lm.model
+        attention = base.layers[0].self_attn
+        self.device = causal_lm.lm_head.weight.device
+        self.dtype = causal_lm.lm_head.weight.dtype
+        self.max_slots = max_slots
+        self.max_seq_len = max_seq_len
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = attention.head_dim
+        self.scaling = attention.scaling
+        self.eps = config.rms_norm_eps
+        self.vocab_size = causal_lm.lm_head.weight.shape[0]
+        self.act = base.layers[0].mlp.act_fn
+        self.layers = [self._extract(layer) for layer in base.layers]
+        self.embed = base.embed_tokens.weight.detach()
+        self.final_norm = base.norm.weight.detach()
+        self.lm_head = causal_lm.lm_head.weight.detach()
+        with torch.no_grad():
+            positions = torch.arange(max_seq_len, device=self.device)[None]
+            cos, sin = base.rotary_emb(self.embed[:1], positions)
+        half = self.head_dim // 2
+        self.cos = cos[0].to(self.dtype).contiguous()
+        # rotate_half(x) * sin == roll(x, half) * [-sin_low, sin_high]
+        self.sin_signed = torch.cat((-sin[0, :, :half], sin[0, :, half:]), -1).to(self.dtype).contiguous()
+
+        # One slot per sequence, plus a scratch slot (index max_slots) for the padding rows of a prefill.
+        cache_shape = (len(self.layers), max_slots + 1, self.num_kv_heads, max_seq_len, self.head_dim)
+        self.k_cache = torch.zeros(cache_shape, dtype=self.dtype, device=self.device)
+        self.v_cache = torch.zeros(cache_shape, dtype=self.dtype, device=self.device)
+        #: The token each slot feeds into the next decode step, and the position it is written at.
+        self.tokens = torch.zeros(max_slots, dtype=torch.long, device=self.device)
+        self.positions = torch.zeros(max_slots, dtype=torch.long, device=self.device)
+        #: 1 for slots holding a running sequence (only those advance their position).
+        self.active = torch.zeros(max_slots, dtype=torch.long, device=self.device)
+        self.logits = torch.zeros(max_slots, self.vocab_size, dtype=self.dtype, device=self.device)
+        self.use_graphs = cuda_graphs and self.device.type == "cuda"
+        #: Pad prefills to (rows, length) buckets; on by default with graphs, which replay padded prefills.
+        self.pad_prefill = self.use_graphs
+        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._prefill_graphs: dict[tuple[int, int], tuple] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+
+    @staticmethod
+    def _extract(layer: torch.nn.Module) -> _Layer:
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv_weight, qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+        gate_up_weight, gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj])
+        q_norm = getattr(attn, "q_norm", None)
+        k_norm = getattr(attn, "k_norm", None)
+        return _Layer(
+            input_norm=layer.input_layernorm.weight.detach(),
+            post_norm=layer.post_attention_layernorm.weight.detach(),
+            qkv_weight=qkv_weight,
+            qkv_bias=qkv_bias,
+            o_weight=attn.o_proj.weight.detach(),
+            o_bias=_bias(attn.o_proj),
+            q_norm=None if q_norm is None else q_norm.weight.detach(),
+            k_norm=None if k_norm is None else k_norm.weight.detach(),
+            gate_up_weight=gate_up_weight,
+            gate_up_bias=gate_up_bias,
+            down_weight=mlp.down_proj.weight.detach(),
+            down_bias=_bias(mlp.down_proj),
+        )
+
+    @classmethod
+    def from_pretrained(
+        cls, model_dir: str, *, dtype: torch.dtype, device: str, max_slots: int, max_seq_len: int, cuda_graphs: bool
+    ) -> DecoderModel:
+        """Load a checkpoint folder with transformers and keep only the weights this forward pass uses."""
+        from transformers import AutoModelForCausalLM
+
+        causal_lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+        return cls(causal_lm, max_slots=max_slots, max_seq_len=max_seq_len, cuda_graphs=cuda_graphs)
+
+    def weight_bytes(self) -> int:
+        """Bytes of weights a decode step reads (every layer, the final norm and the LM head)."""
+        tensors = [self.final_norm, self.lm_head]
+        for layer in self.layers:
+            tensors.extend(value for value in vars(layer).values() if value is not None)
+        return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+
+    def buckets(self, batch: int, span: int) -> tuple[int, int]:
+        """The (batch, span) bucket a decode step over ``batch`` slots attending to ``span`` positions runs in."""
+        return _bucket(batch, BATCH_BUCKETS, self.max_slots), _bucket(span, SPAN_BUCKETS, self.max_seq_len)
+
+    # --- layers -------------------------------------------------------------------------------------------------
+
+    def _rope_qkv(self, layer: _Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Project ``h [..., hidden]`` to rotated q ``[..., H, d]``, rotated k and v ``[..., KV, d]``."""
+        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = F.linear(h, layer.qkv_weight, layer.qkv_bias).unflatten(-1, (heads + 2 * kv_heads, dim))
+        qk, v = qkv[..., : heads + kv_heads, :], qkv[..., heads + kv_heads :, :]
+        if layer.q_norm is not None:
+            q = F.rms_norm(qk[..., :heads, :], (dim,), layer.q_norm, self.eps)
+            k = F.rms_norm(qk[..., heads:, :], (dim,), layer.k_norm, self.eps)
+            qk = torch.cat((q, k), -2)
+        qk = torch.addcmul(qk * cos, torch.roll(qk, dim // 2, -1), sin)
+        return qk[..., :heads, :], qk[..., heads:, :], v
+
+    def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
+        h = F.rms_norm(x, x.shape[-1:], layer.post_norm, self.eps)
+        gate, up = F.linear(h, layer.gate_up_weight, layer.gate_up_bias).chunk(2, -1)
+        return x + F.linear(self.act(gate) * up, layer.down_weight, layer.down_bias)
+
+    # --- prefill ------------------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
+        """Run the prompts (one per slot) through the model, filling their slots' KV cache from position 0.
+
+        With :attr:`pad_prefill` (on with CUDA graphs), a small prefill is padded to a (rows, length) bucket and
+        replayed as a CUDA graph; padding rows write their K/V into a scratch slot that no sequence owns.
+
+        :returns: float32 logits ``[len(prompts), vocab]`` of each prompt's last token.
+        """
+        count, longest = len(prompts), max(len(prompt) for prompt in prompts)
+        bucket = self._prefill_bucket(count, longest) if self.pad_prefill else None
+        rows, length = bucket or (count, longest)
+        ids = torch.zeros(rows, length, dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, : len(prompt)] = torch.as_tensor(prompt, dtype=torch.long)
+        slot_index = torch.full((rows,), self.max_slots, dtype=torch.long)  # the scratch slot
+        slot_index[:count] = torch.as_tensor(slots, dtype=torch.long)
+        last = torch.zeros(rows, dtype=torch.long)
+        last[:count] = torch.as_tensor([len(prompt) - 1 for prompt in prompts], dtype=torch.long)
+        if bucket is not None and self.use_graphs:
+            try:
+                graph, inputs, logits = self._prefill_graph(rows, length)
+            except RuntimeError:
+                self._give_up_graphs()
+            else:
+                for buffer, value in zip(inputs, (ids, slot_index, last), strict=True):
+                    buffer.copy_(value)
+                graph.replay()
+                return logits[:count]
+        return self._prefill_forward(ids.to(self.device), slot_index.to(self.device), last.to(self.device))[:count]
+
+    def _prefill_bucket(self, count: int, longest: int) -> tuple[int, int] | None:
+        rows = _bucket(count, BATCH_BUCKETS, self.max_slots)
+        length = _bucket(longest, PREFILL_LENGTHS, self.max_seq_len)
+        return (rows, length) if rows * length <= PREFILL_GRAPH_TOKENS else None
+
+    def _prefill_forward(self, ids: torch.Tensor, slot_index: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """Prefill right-padded ``ids [rows, length]`` into ``slot_index``; float32 logits at positions ``last``."""
+        rows, length = ids.shape
+        cos, sin = self.cos[:length, None, :], self.sin_signed[:length, None, :]
+        x = F.embedding(ids, self.embed)
+        for index, layer in enumerate(self.layers):
+            h = F.rms_norm(x, x.shape[-1:], layer.input_norm, self.eps)
+            q, k, v = (t.transpose(1, 2) for t in self._rope_qkv(layer, h, cos, sin))
+            self.k_cache[index, slot_index, :, :length] = k
+            self.v_cache[index, slot_index, :, :length] = v
+            # Right padding: a real query never attends past its own position, so causal masking suffices.
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling, enable_gqa=True)
+            x = x + F.linear(out.transpose(1, 2).flatten(2), layer.o_weight, layer.o_bias)
+            x = self._mlp(layer, x)
+        x = x[torch.arange(rows, device=self.device), last]
+        x = F.rms_norm(x, x.shape[-1:], self.final_norm, self.eps)
+        return F.linear(x, self.lm_head).float()
+
+    def _prefill_graph(self, rows: int, length: int):
+        """The CUDA graph of a (rows, length) prefill bucket, its static inputs and its logits output."""
+        entry = self._prefill_graphs.get((rows, length))
+        if entry is None:
+            inputs = (
+                torch.zeros(rows, length, dtype=torch.long, device=self.device),
+                torch.full((rows,), self.max_slots, dtype=torch.long, device=self.device),  # warm-up: scratch only
+                torch.zeros(rows, dtype=torch.long, device=self.device),
+            )
+            graph, logits = self._capture(lambda: self._prefill_forward(*inputs))
+            entry = self._prefill_graphs[(rows, length)] = (graph, inputs, logits)
+        return entry
+
+    def _capture(self, forward):
+        """Capture ``forward`` as a CUDA graph (after warm-up runs on a side stream); returns (graph, its output)."""
+        stream = torch.cuda.Stream(device=self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                forward()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            output = forward()
+        return graph, output
+
+    # --- decode -------------------------------------------------------------------------------------------------
+
+    def _decode_forward(self, batch: int, span: int) -> None:
+        """One token for slots ``[0, batch)``: reads the static inputs, writes K/V and ``logits[:batch]``."""
+        kv_heads, dim = self.num_kv_heads, self.head_dim
+        groups = self.num_heads // kv_heads
+        positions = self.positions[:batch]
+        cos, sin = self.cos[positions][:, None, :], self.sin_signed[positions][:, None, :]
+        write_index = positions.view(batch, 1, 1, 1).expand(batch, kv_heads, 1, dim)
+        keys = torch.arange(span, device=self.device)
+        mask = torch.zeros(batch, span, dtype=self.dtype, device=self.device)
+        mask.masked_fill_(keys[None, :] > positions[:, None], float("-inf"))
+        mask = mask[:, None, None, :].expand(batch, kv_heads, groups, span).reshape(batch * kv_heads, groups, span)
+        x = F.embedding(self.tokens[:batch], self.embed)
+        for index, layer in enumerate(self.layers):
+            h = F.rms_norm(x, x.shape[-1:], layer.input_norm, self.eps)
+            q, k, v = self._rope_qkv(layer, h, cos, sin)
+            k_cache, v_cache = self.k_cache[index, :batch], self.v_cache[index, :batch]
+            k_cache.scatter_(2, write_index, k.unsqueeze(2))
+            v_cache.scatter_(2, write_index, v.unsqueeze(2))
+            q = q.reshape(batch * kv_heads, groups, dim)
+            keys_view = k_cache[:, :, :span].flatten(0, 1)
+            values_view = v_cache[:, :, :span].flatten(0, 1)
+            scores = torch.baddbmm(mask, q, keys_view.transpose(1, 2), alpha=self.scaling)
+            probs = torch.softmax(scores, -1)  # accumulates in float32 for half types
+            out = torch.bmm(probs, values_view).view(batch, -1)
+            x = x + F.linear(out, layer.o_weight, layer.o_bias)
+            x = self._mlp(layer, x)
+        x = F.rms_norm(x, x.shape[-1:], self.final_norm, self.eps)
+        torch.mm(x, self.lm_head.t(), out=self.logits[:batch])
+
+    @torch.inference_mode()
+    def decode(self, batch: int, span: int) -> torch.Tensor:
+        """Run one decode step in bucket ``(batch, span)`` (see :meth:`buckets`); returns ``logits[:batch]``."""
+        if self.use_graphs:
+            try:
+                graph = self._graph(batch, span)
+            except RuntimeError:
+                self._give_up_graphs()
+            else:
+                graph.replay()
+                return self.logits[:batch]
+        self._decode_forward(batch, span)
+        return self.logits[:batch]
+
+    def _give_up_graphs(self) -> None:
+        log.exception("CUDA graph capture failed: running eagerly from now on")
+        self.use_graphs = False
+
+    def _graph(self, batch: int, span: int) -> torch.cuda.CUDAGraph:
+        graph = self._graphs.get((batch, span))
+        if graph is None:
+            # Warm-up runs compute exactly the step about to be replayed, so their K/V writes are harmless.
+            graph, _ = self._capture(lambda: self._decode_forward(batch, span))
+            self._graphs[(batch, span)] = graph
+        return graph
+
+    @torch.inference_mode()
+    def start(self, slots: list[int], tokens: list[int], positions: list[int]) -> None:
+        """Make slots running: each feeds ``tokens[i]`` at ``positions[i]`` in the next decode step."""
+        index = torch.as_tensor(slots, dtype=torch.long, device=self.device)
+        self.tokens.index_copy_(0, index, torch.as_tensor(tokens, dtype=torch.long, device=self.device))
+        self.positions.index_copy_(0, index, torch.as_tensor(positions, dtype=torch.long, device=self.device))
+        self.active.index_fill_(0, index, 1)
+
+    @torch.inference_mode()
+    def stop(self, slots: list[int]) -> None:
+        """Mark slots free: their positions stop advancing."""
+        self.active.index_fill_(0, torch.as_tensor(slots, dtype=torch.long, device=self.device), 0)
+
+    @torch.inference_mode()
+    def advance(self, batch: int, next_tokens: torch.Tensor) -> None:
+        """After a decode step: feed ``next_tokens`` next, one position further on (running slots only)."""
+        self.tokens[:batch].copy_(next_tokens)
+        self.positions[:batch].add_(self.active[:batch])

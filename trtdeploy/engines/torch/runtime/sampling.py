@@ -1,0 +1,157 @@
+"""Vectorised token selection with TRT-LLM's sampling semantics, reproducible per request.
+
+Random draws come from a counter-based hash of ``(seed, counter, token id)`` computed on the device, turned into
+Gumbel noise: the token with the largest ``logit / temperature + noise`` among those top-k/top-p keep wins. A row's
+choice therefore depends only on its own logits, seed and counter, never on the other rows of the batch or on how
+the candidates were gathered. Greedy rows (temperature 0, or top_k 0 with top_p 0, or top_k 1) take the argmax.
+In fp32 a seeded request therefore gives the same tokens in any batch. In bf16/fp16 the logits themselves can differ
+in the last bits between batch shapes (GEMM kernels change with the row count), so a near-tie may go either way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+# Odd multipliers below 2**31, so that products of 32-bit values never overflow int64.
+_MULTIPLIERS = (0x7FEB352D, 0x31848BAB)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling settings, as the TRT-LLM contract names them.
+
+    ``top_k`` 0 means no top-k limit and ``top_p`` 0 (or >= 1) no nucleus limit; with both off the row is greedy,
+    as in TRT-LLM. ``temperature`` 0 is greedy too.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0 or self.top_k == 1 or (self.top_k <= 0 and self.top_p <= 0)
+
+    @property
+    def uses_top_p(self) -> bool:
+        return 0 < self.top_p < 1
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (xor-shift-multiply rounds) on int64 tensors holding values below 2**32."""
+    for multiplier in _MULTIPLIERS:
+        x = x ^ (x >> 16)
+        x = (x * multiplier) & _MASK32
+    return x ^ (x >> 16)
+
+
+def uniform_noise(seeds: torch.Tensor, counters: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """Uniform floats in (0, 1), one per ``token_ids [rows, n]`` entry, a pure function of (seed, counter, id)."""
+    seeds = seeds.to(torch.int64)
+    key = _mix((seeds & _MASK32) ^ _mix((seeds >> 32) & _MASK32))
+    key = _mix(key ^ _mix(counters.to(torch.int64) & _MASK32))
+    bits = _mix(key[:, None] ^ _mix(token_ids.to(torch.int64)))
+    return ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+def _gumbel(seeds: torch.Tensor, counters: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    return -torch.log(-torch.log(uniform_noise(seeds, counters, token_ids)))
+
+
+class SlotSampler:
+    """Sampling settings of every cache slot, on the device, and the sampling step over a batch of slots."""
+
+    def __init__(self, max_slots: int, vocab_size: int, device: torch.device):
+        self.vocab_size = vocab_size
+        self.device = device
+        self.params: list[SamplingParams] = [SamplingParams()] * max_slots
+        self.temperature = torch.ones(max_slots, device=device)
+        self.top_k = torch.zeros(max_slots, dtype=torch.long, device=device)
+        self.top_p = torch.ones(max_slots, device=device)
+        self.penalty = torch.ones(max_slots, device=device)
+        self.seed = torch.zeros(max_slots, dtype=torch.long, device=device)
+        #: ``[slots, vocab]`` bool: tokens seen by each slot, allocated when a repetition penalty is first asked.
+        self.seen: torch.Tensor | None = None
+
+    @torch.inference_mode()
+    def assign(self, slots: list[int], params: list[SamplingParams], prompts: list[list[int]]) -> None:
+        """Give slots their requests' settings (and, for repetition penalties, the prompt tokens seen)."""
+        for slot, item in zip(slots, params, strict=True):
+            self.params[slot] = item
+        index = torch.as_tensor(slots, dtype=torch.long, device=self.device)
+
+        def put(buffer: torch.Tensor, values: list) -> None:
+            buffer.index_copy_(0, index, torch.as_tensor(values, dtype=buffer.dtype).to(self.device))
+
+        put(self.temperature, [max(p.temperature, 1e-6) for p in params])
+        put(self.top_k, [max(p.top_k, 0) for p in params])
+        put(self.top_p, [p.top_p if p.uses_top_p else 1.0 for p in params])
+        put(self.penalty, [p.repetition_penalty for p in params])
+        put(self.seed, [p.seed & 0x7FFFFFFFFFFFFFFF for p in params])
+        for slot, item, prompt in zip(slots, params, prompts, strict=True):
+            if item.repetition_penalty != 1.0:
+                if self.seen is None:
+                    self.seen = torch.zeros(len(self.params), self.vocab_size, dtype=torch.bool, device=self.device)
+                self.seen[slot] = False
+                self.seen[slot, torch.as_tensor(prompt, dtype=torch.long, device=self.device)] = True
+
+    @torch.inference_mode()
+    def sample(self, logits: torch.Tensor, slots: list[int], counters: torch.Tensor) -> torch.Tensor:
+        """Pick one token per row of ``logits [rows, vocab]``; row ``i`` belongs to slot ``slots[i]``.
+
+        ``counters`` (device, one per row) feeds the noise: the position of the token whose logits these are,
+        which makes a request's draws depend on its own progress only.
+        """
+        params = [self.params[slot] for slot in slots]
+        penalised = any(p.repetition_penalty != 1.0 for p in params)
+        sampling = [p for p in params if not p.greedy]
+        if not penalised and not sampling:
+            return logits.argmax(-1)
+        rows = torch.as_tensor(slots, dtype=torch.long).to(self.device)
+        logits = logits.float()
+        if penalised:
+            logits = self._penalise(logits, rows)
+        chosen = logits.argmax(-1)
+        if sampling:
+            sampled = self._sample(logits, rows, counters, sampling)
+            is_greedy = torch.as_tensor([p.greedy for p in params]).to(self.device)
+            chosen = torch.where(is_greedy, chosen, sampled)
+        if penalised:
+            self.seen[rows, chosen] = True
+        return chosen
+
+    def _penalise(self, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        penalty = self.penalty[rows][:, None]
+        scaled = torch.where(logits > 0, logits / penalty, logits * penalty)
+        return torch.where(self.seen[rows], scaled, logits)
+
+    def _sample(
+        self, logits: torch.Tensor, rows: torch.Tensor, counters: torch.Tensor, sampling: list[SamplingParams]
+    ) -> torch.Tensor:
+        logits = logits / self.temperature[rows][:, None]
+        seeds = self.seed[rows]
+        if all(p.top_k <= 0 and not p.uses_top_p for p in sampling):
+            # Plain temperature sampling: no candidate ranking needed.
+            token_ids = torch.arange(self.vocab_size, device=self.device).expand_as(logits)
+            return (logits + _gumbel(seeds, counters, token_ids)).argmax(-1)
+        if all(p.top_k > 0 for p in sampling):
+            width = min(max(p.top_k for p in sampling), self.vocab_size)
+            values, token_ids = logits.topk(width, -1)
+        else:
+            values, token_ids = logits.sort(-1, descending=True)
+            width = self.vocab_size
+        ranks = torch.arange(width, device=self.device)
+        top_k = self.top_k[rows]
+        keep = (ranks[None, :] < top_k[:, None]) | (top_k[:, None] == 0)
+        values = values.masked_fill(~keep, float("-inf"))
+        if any(p.uses_top_p for p in sampling):
+            probs = torch.softmax(values, -1)
+            before = probs.cumsum(-1) - probs
+            values = values.masked_fill(before >= self.top_p[rows][:, None], float("-inf"))
+        winner = (values + _gumbel(seeds, counters, token_ids)).argmax(-1, keepdim=True)
+        return token_ids.gather(-1, winner).squeeze(-1)

@@ -1,0 +1,179 @@
+"""Input rows for perf: a jsonl file, a Hugging Face dataset (Hub name or local files), or synthetic prompts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import NetworkError, NotFoundError, UsageError
+from .workload import InputRow
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+#: Columns tried, in order, when ``--column`` is not given.
+DEFAULT_COLUMNS = ("input", "text", "prompt", "question")
+#: Column read as the reference output when ``--reference-column`` is not given (if the dataset has it).
+DEFAULT_REFERENCE_COLUMN = "output"
+_LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+def load_jsonl(path: Path | str) -> list[InputRow]:
+    """Rows of a jsonl file: one object per line with ``input``, optional ``output`` (reference), ``max_tokens``.
+
+    Blank lines are skipped; anything else that is not such an object is a UsageError naming ``file:line``.
+    """
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise NotFoundError(f"input file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read input file {path}: {exc}") from None
+    rows: list[InputRow] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        if not isinstance(data, dict):
+            raise UsageError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        if "input" not in data:
+            keys = ", ".join(data) or "none"
+            raise UsageError(
+                f'{where}: no "input" key (keys: {keys})', hint='each line needs {"input": ..., "output": ...}'
+            )
+        max_tokens = data.get("max_tokens")
+        if max_tokens is not None and (
+            not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
+        ):
+            raise UsageError(f'{where}: "max_tokens" must be a positive integer, got {max_tokens!r}')
+        rows.append(InputRow(input=data["input"], reference=data.get("output"), max_tokens=max_tokens, fields=data))
+    if not rows:
+        raise UsageError(f"input file {path} has no rows")
+    return rows
+
+
+def load_dataset_rows(
+    source: str,
+    *,
+    split: str | None = None,
+    column: str | None = None,
+    reference_column: str | None = None,
+) -> list[InputRow]:
+    """Rows of a dataset through ``datasets``: a Hub name, or a local folder / .json / .jsonl / .csv / .parquet."""
+    dataset = _load_split(source, split)
+    columns = list(dataset.column_names)
+    if column is None:
+        column = next((name for name in DEFAULT_COLUMNS if name in columns), None)
+        if column is None:
+            raise NotFoundError(
+                f"dataset {source!r} has none of the columns {', '.join(DEFAULT_COLUMNS)}",
+                hint=f"pass --column (available columns: {', '.join(columns)})",
+            )
+    elif column not in columns:
+        raise NotFoundError(
+            f"dataset {source!r} has no column {column!r}", hint=f"available columns: {', '.join(columns)}"
+        )
+    if reference_column is None:
+        reference_column = DEFAULT_REFERENCE_COLUMN if DEFAULT_REFERENCE_COLUMN in columns else None
+    elif reference_column not in columns:
+        raise NotFoundError(
+            f"dataset {source!r} has no column {reference_column!r}", hint=f"available columns: {', '.join(columns)}"
+        )
+    rows = [
+        InputRow(input=record[column], reference=record[reference_column] if reference_column else None, fields=record)
+        for record in dataset
+    ]
+    if not rows:
+        raise UsageError(f"dataset {source!r} has no rows")
+    return rows
+
+
+def _load_split(source: str, split: str | None) -> Any:
+    try:
+        import datasets
+    except ImportError as exc:
+        raise UsageError(
+            f"--dataset needs the `datasets` package, which cannot be imported ({exc})",
+            hint="install it with `pip install 'trtdeploy[perf]'`, or use --input-data FILE.jsonl",
+        ) from None
+    path = Path(source).expanduser()
+    try:
+        if path.is_dir() and ((path / "state.json").is_file() or (path / "dataset_dict.json").is_file()):
+            loaded = datasets.load_from_disk(str(path))
+        elif path.is_dir():
+            loaded = datasets.load_dataset(str(path))
+        elif path.is_file():
+            builder = _LOCAL_BUILDERS.get(path.suffix.lower())
+            if builder is None:
+                raise UsageError(
+                    f"cannot read {path} as a dataset", hint=f"use one of {', '.join(_LOCAL_BUILDERS)} or a folder"
+                )
+            loaded = datasets.load_dataset(builder, data_files=str(path))
+        else:  # a Hub name: download only the split asked for
+            loaded = datasets.load_dataset(source, split=split) if split else datasets.load_dataset(source)
+    except ConnectionError as exc:
+        raise NetworkError(
+            f"cannot load dataset {source!r} from the Hugging Face Hub: {exc}",
+            hint="pass a local path (a folder, or a .json/.jsonl/.csv/.parquet file), or --input-data FILE.jsonl",
+        ) from None
+    except FileNotFoundError as exc:
+        raise NotFoundError(f"dataset {source!r} not found ({exc})") from None
+    except datasets.exceptions.DatasetNotFoundError as exc:
+        raise NotFoundError(f"dataset {source!r} not found ({exc})") from None
+    except ValueError as exc:
+        if split is None or "split" not in str(exc).lower():
+            raise
+        raise NotFoundError(f"dataset {source!r} has no split {split!r} ({exc})") from None
+    if not isinstance(loaded, datasets.DatasetDict):
+        return loaded
+    splits = list(loaded)
+    if split is None:
+        if len(splits) != 1:
+            raise UsageError(f"dataset {source!r} has splits {', '.join(splits)}", hint="choose one with --split")
+        split = splits[0]
+    if split not in loaded:
+        raise NotFoundError(f"dataset {source!r} has no split {split!r}", hint=f"available splits: {', '.join(splits)}")
+    return loaded[split]
+
+
+def synthetic_prompts(tokenizer: PreTrainedTokenizerBase, count: int, length: int, *, seed: int) -> list[str]:
+    """``count`` random prompts that ``tokenizer`` encodes into exactly ``length`` tokens (special tokens included).
+
+    Each prompt depends only on ``(seed, its index)``, so a run is reproducible and prompts do not share a prefix.
+    """
+    import numpy as np
+
+    content = length - len(tokenizer.encode("", add_special_tokens=True))
+    if content < 1:
+        raise UsageError(f"--isl {length} is too short for this tokenizer (it adds {length - content} special tokens)")
+    special = set(tokenizer.all_special_ids)
+    candidates = [i for i in range(len(tokenizer)) if i not in special]
+    pieces = tokenizer.batch_decode([[i] for i in candidates])
+    vocab = np.array(
+        [
+            i
+            for i, piece in zip(candidates, pieces, strict=True)
+            if piece.strip() and piece.isascii() and piece.isprintable()
+        ]
+    )
+    if vocab.size == 0:
+        raise UsageError("this tokenizer has no printable tokens to build synthetic prompts from")
+    return [_exact_prompt(tokenizer, vocab, content, np.random.default_rng([seed, index])) for index in range(count)]
+
+
+def _exact_prompt(tokenizer: PreTrainedTokenizerBase, vocab: Any, length: int, rng: Any) -> str:
+    """Decode random tokens, re-encode, and trim or top up until the text encodes to exactly ``length`` tokens."""
+    ids = rng.choice(vocab, length).tolist()
+    for _ in range(64):
+        text = tokenizer.decode(ids)
+        encoded = tokenizer.encode(text, add_special_tokens=False)
+        if len(encoded) == length:
+            return text
+        ids = encoded[:length] if len(encoded) > length else encoded + rng.choice(vocab, length - len(encoded)).tolist()
+    raise UsageError(f"could not build a prompt of exactly {length} tokens with this tokenizer")

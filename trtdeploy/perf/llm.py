@@ -1,0 +1,245 @@
+"""Workloads for text LLMs: the text contract (``ensemble``) and the token-level LLM contract (``tensorrt_llm``).
+
+numpy, tritonclient and transformers are imported where used: plugins import this module when they load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import NotFoundError, UsageError
+from .workload import Chunk, InputRow, ModelInfo, Request, RequestOptions, Result, Workload
+
+if TYPE_CHECKING:
+    import numpy as np
+    from transformers import PreTrainedTokenizerBase
+
+#: Optional sampling inputs, keyed by the RequestOptions field that sets them: the names a model may use for
+#: each (TRT-LLM's ensemble says top_k/top_p, its tensorrt_llm model runtime_top_k/runtime_top_p).
+_SAMPLING_INPUTS = {
+    "temperature": ("temperature",),
+    "top_k": ("top_k", "runtime_top_k"),
+    "top_p": ("top_p", "runtime_top_p"),
+    "seed": ("random_seed",),
+}
+
+
+def _sampling_input(model: ModelInfo, key: str) -> str:
+    """The name under which ``model`` takes the sampling option ``key`` (the first name when it takes none)."""
+    names = _SAMPLING_INPUTS[key]
+    return next((name for name in names if name in model.inputs), names[0])
+
+
+def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    """The Hugging Face tokenizer in ``path``, from local files only."""
+    if not path.is_dir():
+        raise NotFoundError(f"tokenizer folder {path} does not exist")
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise NotFoundError(f"no usable tokenizer in {path} ({exc})") from None
+
+
+def _scalar(model: ModelInfo, name: str, value: Any) -> np.ndarray:
+    """A one-element tensor for input ``name``, in the data type and shape the model declares."""
+    import numpy as np
+    from tritonclient.utils import triton_to_np_dtype
+
+    return np.full(model.shape(1), value, dtype=triton_to_np_dtype(model.inputs[name].datatype))
+
+
+def _token_ids(outputs: Mapping[str, np.ndarray]) -> np.ndarray | None:
+    """The first sequence of ``output_ids`` (trimmed to ``sequence_length`` when given), or None if absent."""
+    ids = outputs.get("output_ids")
+    if ids is None:
+        return None
+    flat = ids.reshape(-1, ids.shape[-1])[0] if ids.ndim > 1 else ids.reshape(-1)
+    lengths = outputs.get("sequence_length")
+    if lengths is not None and lengths.size:
+        flat = flat[: int(lengths.reshape(-1)[0])]
+    return flat
+
+
+def _text(outputs: Mapping[str, np.ndarray], name: str) -> str:
+    values = outputs.get(name)
+    if values is None:
+        return ""
+    return "".join(v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v) for v in values.reshape(-1))
+
+
+class _LLMWorkload(Workload):
+    """What both LLM workloads share: the tokenizer (lazy, not pickled), generation inputs, synthetic prompts."""
+
+    family = "llm"
+
+    def __init__(
+        self,
+        model_name: str,
+        tokenizer_dir: str | Path | None = None,
+        *,
+        decoupled: bool = False,
+        max_tokens: int = 128,
+    ) -> None:
+        self.model_name = model_name
+        self.tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else None
+        self.decoupled = decoupled
+        #: Output length when neither the row nor the run (``--osl``) gives one.
+        self.max_tokens = max_tokens
+        self._tokenizer: PreTrainedTokenizerBase | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_tokenizer"] = None
+        return state
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        if self._tokenizer is None:
+            if self.tokenizer_dir is None:
+                raise UsageError(f"the {type(self).__name__} for {self.model_name!r} has no tokenizer folder")
+            self._tokenizer = load_tokenizer(self.tokenizer_dir)
+        return self._tokenizer
+
+    def prompt_ids(self, text: str) -> list[int]:
+        """The prompt's token ids as the model sees them (special tokens such as BOS included)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=True))
+
+    def count_text_tokens(self, text: str) -> int:
+        """Tokens of generated text (no special tokens added)."""
+        return len(self.tokenizer.encode(text, add_special_tokens=False)) if text else 0
+
+    def synthetic_rows(self, count: int, *, input_tokens: int, output_tokens: int | None, seed: int) -> list[InputRow]:
+        from .inputs import synthetic_prompts
+
+        prompts = synthetic_prompts(self.tokenizer, count, input_tokens, seed=seed)
+        return [InputRow(input=prompt, max_tokens=output_tokens) for prompt in prompts]
+
+    def _validate_options(self, model: ModelInfo, options: RequestOptions) -> None:
+        wanted = [_sampling_input(model, key) for key in _SAMPLING_INPUTS if getattr(options, key) is not None]
+        if options.ignore_eos:
+            wanted.append("end_id")
+        model.require_inputs(*wanted)
+
+    def _generation_inputs(
+        self, row: InputRow, options: RequestOptions, model: ModelInfo, *, length_input: str, stream_input: str
+    ) -> dict[str, np.ndarray]:
+        max_tokens = row.max_tokens or options.max_tokens or self.max_tokens
+        tensors = {length_input: _scalar(model, length_input, max_tokens)}
+        if stream_input in model.inputs:
+            tensors[stream_input] = _scalar(model, stream_input, options.stream)
+        if options.ignore_eos:
+            tensors["end_id"] = _scalar(model, "end_id", -1)
+        if "exclude_input_in_output" in model.inputs:
+            tensors["exclude_input_in_output"] = _scalar(model, "exclude_input_in_output", True)
+        for key in _SAMPLING_INPUTS:
+            value = getattr(options, key)
+            if value is not None:
+                name = _sampling_input(model, key)
+                tensors[name] = _scalar(model, name, value)
+        return tensors
+
+
+class TextLLMWorkload(_LLMWorkload):
+    """A text LLM behind the text contract of a TRT-LLM-style ``ensemble``.
+
+    Inputs: ``text_input`` BYTES, ``max_tokens`` INT32, and when the model declares them ``stream``, ``end_id``
+    (-1 with ``--ignore-eos``), ``exclude_input_in_output``, ``temperature``, ``top_k``/``runtime_top_k``,
+    ``top_p``/``runtime_top_p``, ``random_seed``. Outputs: ``text_output`` BYTES and, when present, ``output_ids``
+    INT32 (the generated token ids, which give exact token counts; without them the text is re-tokenized with
+    ``tokenizer_dir``).
+    """
+
+    def validate(self, model: ModelInfo, options: RequestOptions) -> None:
+        model.require_inputs("text_input", "max_tokens")
+        if "text_output" not in model.outputs:
+            raise UsageError(
+                f"model {model.name!r} has no output 'text_output' (its outputs: {', '.join(model.outputs)})"
+            )
+        self._validate_options(model, options)
+
+    def make_request(self, row: InputRow, options: RequestOptions, model: ModelInfo) -> Request:
+        import numpy as np
+
+        text = str(row.input)
+        tensors = {"text_input": np.array([text.encode("utf-8")], dtype=np.object_).reshape(model.shape(1))}
+        tensors.update(self._generation_inputs(row, options, model, length_input="max_tokens", stream_input="stream"))
+        outputs = ("text_output", "output_ids") if "output_ids" in model.outputs else ("text_output",)
+        input_tokens = len(self.prompt_ids(text)) if self.tokenizer_dir is not None else None
+        return Request(inputs=tensors, outputs=outputs, reference=row.reference, input_tokens=input_tokens)
+
+    def parse_chunk(self, outputs: Mapping[str, np.ndarray], request: Request) -> Chunk:
+        ids = _token_ids(outputs)
+        return Chunk(tokens=None if ids is None else int(ids.size), text=_text(outputs, "text_output"))
+
+    def finish(self, request: Request, chunks: Sequence[Chunk]) -> Result:
+        text = "".join(chunk.text for chunk in chunks)
+        if chunks and all(chunk.tokens is not None for chunk in chunks):
+            total = sum(chunk.tokens or 0 for chunk in chunks)
+            return Result(output_tokens=total, first_chunk_tokens=chunks[0].tokens, token_source="server", text=text)
+        if self.tokenizer_dir is None or not chunks:
+            return Result(text=text)
+        return Result(
+            output_tokens=self.count_text_tokens(text),
+            first_chunk_tokens=self.count_text_tokens(chunks[0].text),
+            token_source="retokenized",
+            text=text,
+        )
+
+
+class TokenLLMWorkload(_LLMWorkload):
+    """The LLM contract itself (the ``tensorrt_llm`` model): token ids in and out, tokenized client-side.
+
+    Inputs: ``input_ids`` INT32, ``input_lengths``, ``request_output_len``, and when declared ``streaming``,
+    ``end_id``, ``exclude_input_in_output`` and the sampling inputs. Outputs: ``output_ids`` (+ ``sequence_length``).
+    For engine-level benchmarks without the text pre/post-processing.
+    """
+
+    def validate(self, model: ModelInfo, options: RequestOptions) -> None:
+        model.require_inputs("input_ids", "input_lengths", "request_output_len")
+        if "output_ids" not in model.outputs:
+            raise UsageError(
+                f"model {model.name!r} has no output 'output_ids' (its outputs: {', '.join(model.outputs)})"
+            )
+        self._validate_options(model, options)
+        self.tokenizer  # noqa: B018 - fail before the load when there is no tokenizer
+
+    def make_request(self, row: InputRow, options: RequestOptions, model: ModelInfo) -> Request:
+        import numpy as np
+
+        ids = np.asarray(self.prompt_ids(str(row.input)), dtype=np.int32)
+        tensors = {
+            "input_ids": ids.reshape(model.shape(ids.size)),
+            "input_lengths": _scalar(model, "input_lengths", ids.size),
+        }
+        tensors.update(
+            self._generation_inputs(row, options, model, length_input="request_output_len", stream_input="streaming")
+        )
+        outputs = tuple(name for name in ("output_ids", "sequence_length") if name in model.outputs)
+        return Request(
+            inputs=tensors, outputs=outputs, reference=row.reference, input_tokens=int(ids.size), context=ids
+        )
+
+    def parse_chunk(self, outputs: Mapping[str, np.ndarray], request: Request) -> Chunk:
+        import numpy as np
+
+        ids = _token_ids(outputs)
+        if ids is None:
+            return Chunk()
+        prompt = request.context
+        # A model that does not exclude the prompt returns prompt + generated tokens (offline): drop the prompt.
+        if ids.size > prompt.size and np.array_equal(ids[: prompt.size], prompt):
+            ids = ids[prompt.size :]
+        return Chunk(tokens=int(ids.size), text="", token_ids=ids)
+
+    def finish(self, request: Request, chunks: Sequence[Chunk]) -> Result:
+        total = sum(chunk.tokens or 0 for chunk in chunks)
+        text = None
+        if request.reference is not None and chunks:
+            ids = [int(token) for chunk in chunks for token in chunk.token_ids]
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        first = chunks[0].tokens if chunks else None
+        return Result(output_tokens=total, first_chunk_tokens=first, token_source="server", text=text)

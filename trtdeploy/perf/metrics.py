@@ -1,0 +1,258 @@
+"""Per-request metrics and the summary of a level; :data:`DEFINITIONS` says what each one means.
+
+Times come from ``perf_counter_ns``; a level's measured requests exclude its warmup.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import pairwise
+from typing import TYPE_CHECKING, Any
+
+from ..errors import UsageError
+
+if TYPE_CHECKING:
+    from .loadgen import Level, Record
+
+#: What every reported number means (also written into summary.json).
+DEFINITIONS = {
+    "e2e_ms": "last response of the request (the final flag of a stream) minus its send time",
+    "ttft_ms": "streamed requests: first response with content minus send time",
+    "itl_ms": "(E2E - TTFT) / (output tokens - tokens in the first chunk), when that denominator is > 0",
+    "icl_ms": "gaps between consecutive chunks with content, pooled over the requests",
+    "output_tokens_per_user": "output tokens / E2E of one request (tokens/s one user sees)",
+    "duration_s": "window: last end minus first send over the measured requests",
+    "request_throughput": "successful requests / window",
+    "input_token_throughput": "input tokens of the successful requests / window",
+    "output_token_throughput": "output tokens of the successful requests / window",
+    "achieved_concurrency": "sum of the measured requests' E2E / window",
+    "goodput": "successful requests meeting every --slo limit (each 'at most') / window; a request without "
+    "a value for an SLO's metric (ITL of a one-token answer) does not fail it",
+    "token_source": "server: counted from returned token ids; retokenized: the output text re-encoded with the "
+    "model's tokenizer",
+    "accuracy.exact_match": "share of the successful requests with a reference output whose output equals it "
+    "after collapsing whitespace",
+    "accuracy.rouge_l_f1": "mean ROUGE-L F1 (longest common subsequence, beta 1) over whitespace tokens of "
+    "output and reference, over the same requests",
+    "first_chunk_ms": "TTS: first chunk with audio minus send time",
+    "second_chunk_ms": "TTS: second chunk minus first chunk",
+    "rtf": "TTS: E2E / audio seconds of one request (lower is better)",
+    "rtf_aggregate": "TTS: window / total audio seconds",
+    "underrun_requests": "TTS: requests with a chunk that arrived after the audio received before it had "
+    "finished playing (playback starting at the first chunk)",
+    "scheduling_lag_ms": "request rate: send time minus the Poisson arrival time it was due at",
+    "client_cpu_utilization": "CPU seconds of the busiest client process / window; near 1 the client, not "
+    "the server, may be the bottleneck",
+    "statistics": "count, mean, population std, min, p50/p90/p95/p99 (linear interpolation), max",
+}
+PERCENTILES = (50, 90, 95, 99)
+#: Distinct error messages kept in a level summary.
+ERROR_SAMPLES = 5
+
+
+def slo_keys(family: str, stream: bool) -> tuple[str, ...]:
+    """The metrics ``--slo`` may bound for a family and mode (all in ms except the RTF)."""
+    if family == "tts":
+        return ("first_chunk_ms", "e2e_ms", "rtf") if stream else ("e2e_ms", "rtf")
+    return ("ttft_ms", "itl_ms", "e2e_ms") if stream else ("e2e_ms",)
+
+
+def check_slo(slo: Mapping[str, float], family: str, stream: bool) -> None:
+    known = slo_keys(family, stream)
+    unknown = [key for key in slo if key not in known]
+    if unknown:
+        mode = "streamed" if stream else "offline (not streamed)"
+        raise UsageError(
+            f"--slo {', '.join(unknown)} cannot be measured for {mode} {family} requests",
+            hint=f"SLO keys here: {', '.join(known)}",
+        )
+
+
+def describe(values: Iterable[float]) -> dict[str, float] | None:
+    """count, mean, std, min, percentiles, max of ``values``; None when there are none."""
+    import numpy as np
+
+    data = np.fromiter(values, dtype=float)
+    if data.size == 0:
+        return None
+    stats = {"count": int(data.size), "mean": float(data.mean()), "std": float(data.std()), "min": float(data.min())}
+    for q, value in zip(PERCENTILES, np.percentile(data, PERCENTILES), strict=True):
+        stats[f"p{q}"] = float(value)
+    stats["max"] = float(data.max())
+    return stats
+
+
+def normalize_text(text: str) -> str:
+    return " ".join(text.split())
+
+
+def lcs_length(a: Sequence[str], b: Sequence[str]) -> int:
+    """Length of the longest common subsequence, bit-parallel over ``b`` (Allison-Dix / Hyyrö).
+
+    ``v`` has one bit per position of ``b``; after each token of ``a`` its zero bits count the LCS so far.
+    O(len(a) * len(b) / word) with Python's big integers instead of an O(len(a) * len(b)) table.
+    """
+    if not a or not b:
+        return 0
+    masks: dict[str, int] = {}
+    for position, token in enumerate(b):
+        masks[token] = masks.get(token, 0) | (1 << position)
+    full = (1 << len(b)) - 1
+    v = full
+    for token in a:
+        u = v & masks.get(token, 0)
+        v = ((v + u) | (v - u)) & full
+    return len(b) - v.bit_count()
+
+
+def rouge_l_f1(candidate: str, reference: str) -> float:
+    """ROUGE-L F1 (beta = 1) over whitespace tokens; 1.0 when both are empty."""
+    cand, ref = candidate.split(), reference.split()
+    if not cand and not ref:
+        return 1.0
+    lcs = lcs_length(cand, ref)
+    if lcs == 0:
+        return 0.0
+    precision, recall = lcs / len(cand), lcs / len(ref)
+    return 2 * precision * recall / (precision + recall)
+
+
+def underruns(chunk_ns: Sequence[int], chunk_audio: Sequence[float]) -> int:
+    """Chunks that arrived after the audio received before them had finished playing."""
+    if not chunk_ns:
+        return 0
+    start, played, count = chunk_ns[0], 0.0, 0
+    for arrived, seconds in zip(chunk_ns, chunk_audio, strict=True):
+        if (arrived - start) / 1e9 > played + 1e-9:
+            count += 1
+        played += seconds
+    return count
+
+
+def request_metrics(rec: Record, *, stream: bool, family: str) -> dict[str, Any]:
+    """The per-request metrics of one decoded, successful record (None where not defined)."""
+    e2e_ms = (rec.end_ns - rec.send_ns) / 1e6
+    first_ms = (rec.chunk_ns[0] - rec.send_ns) / 1e6 if stream and rec.chunk_ns else None
+    gaps = [(b - a) / 1e6 for a, b in pairwise(rec.chunk_ns)] if stream else []
+    out: dict[str, Any] = {"e2e_ms": e2e_ms}
+    if family == "tts":
+        audio = rec.audio_seconds if rec.audio_seconds is not None else (sum(rec.chunk_audio) or None)
+        out["first_chunk_ms"] = first_ms
+        out["second_chunk_ms"] = gaps[0] if gaps else None
+        out["rtf"] = e2e_ms / 1e3 / audio if audio else None
+        out["audio_seconds"] = audio
+        out["underruns"] = underruns(rec.chunk_ns, rec.chunk_audio) if stream else None
+    else:
+        tokens, first_tokens = rec.output_tokens, rec.first_chunk_tokens
+        out["ttft_ms"] = first_ms
+        defined = first_ms is not None and tokens is not None and first_tokens is not None and tokens > first_tokens
+        out["itl_ms"] = (e2e_ms - first_ms) / (tokens - first_tokens) if defined else None
+        out["output_tokens_per_user"] = tokens / (e2e_ms / 1e3) if tokens and e2e_ms > 0 else None
+    out["icl_ms"] = gaps
+    if rec.reference is not None and rec.text is not None:
+        out["exact_match"] = normalize_text(rec.text) == normalize_text(str(rec.reference))
+        out["rouge_l_f1"] = rouge_l_f1(rec.text, str(rec.reference))
+    return out
+
+
+def meets_slo(metrics: Mapping[str, Any], slo: Mapping[str, float]) -> bool:
+    return all(metrics.get(key) is None or metrics[key] <= limit for key, limit in slo.items())
+
+
+def _per_second(amount: float | None, window_s: float) -> float | None:
+    return amount / window_s if amount is not None and window_s > 0 else None
+
+
+def token_source(records: Iterable[Record]) -> str | None:
+    """``server``, ``retokenized``, ``mixed``, or None when no request had a token count."""
+    sources = {rec.token_source for rec in records if rec.token_source is not None}
+    if not sources:
+        return None
+    return sources.pop() if len(sources) == 1 else "mixed"
+
+
+def summarize_level(
+    records: Sequence[Record],
+    level: Level,
+    *,
+    stream: bool,
+    family: str,
+    slo: Mapping[str, float],
+    client_cpu_s: Sequence[float] = (),
+) -> dict[str, Any]:
+    """The summary of one level (JSON-ready; ``None`` where a metric is not defined)."""
+    measured = [rec for rec in records if not rec.warmup]
+    ok = [rec for rec in measured if rec.error is None]
+    failed = len(measured) - len(ok)
+    per_request = [request_metrics(rec, stream=stream, family=family) for rec in ok]
+    window_s = (max(r.end_ns for r in measured) - min(r.send_ns for r in measured)) / 1e9 if measured else 0.0
+    busy_s = sum(r.end_ns - r.send_ns for r in measured) / 1e9
+
+    summary: dict[str, Any] = {
+        "level": level.index,
+        "concurrency": level.concurrency,
+        "request_rate": level.request_rate,
+        "requests": len(measured),
+        "warmup_requests": len(records) - len(measured),
+        "completed": len(ok),
+        "errors": failed,
+        "error_rate": failed / len(measured) if measured else 0.0,
+        "duration_s": window_s,
+        "achieved_concurrency": busy_s / window_s if window_s > 0 else None,
+        "request_throughput": _per_second(len(ok), window_s),
+        "client_cpu_s": sum(client_cpu_s),
+        "client_cpu_utilization": max(client_cpu_s) / window_s if client_cpu_s and window_s > 0 else None,
+    }
+
+    def series(key: str) -> dict[str, float] | None:
+        return describe(m[key] for m in per_request if m.get(key) is not None)
+
+    if family == "tts":
+        audio = sum(m["audio_seconds"] or 0.0 for m in per_request)
+        summary.update(
+            audio_seconds=audio,
+            rtf_aggregate=window_s / audio if audio > 0 else None,
+            first_chunk_ms=series("first_chunk_ms"),
+            second_chunk_ms=series("second_chunk_ms"),
+            e2e_ms=series("e2e_ms"),
+            rtf=series("rtf"),
+            underrun_requests=sum(1 for m in per_request if m["underruns"]) if stream else None,
+        )
+    else:
+        out_tokens = [rec.output_tokens for rec in ok]
+        in_tokens = [rec.input_tokens for rec in ok]
+        known_out = None if not ok or any(t is None for t in out_tokens) else sum(out_tokens)  # type: ignore[misc]
+        known_in = None if not ok or any(t is None for t in in_tokens) else sum(in_tokens)  # type: ignore[misc]
+        summary.update(
+            token_source=token_source(ok),
+            output_token_throughput=_per_second(known_out, window_s),
+            input_token_throughput=_per_second(known_in, window_s),
+            ttft_ms=series("ttft_ms"),
+            itl_ms=series("itl_ms"),
+            e2e_ms=series("e2e_ms"),
+            output_tokens_per_user=series("output_tokens_per_user"),
+            input_tokens=describe(t for t in in_tokens if t is not None),
+            output_tokens=describe(t for t in out_tokens if t is not None),
+        )
+    summary["icl_ms"] = describe(gap for m in per_request for gap in m["icl_ms"])
+    summary["goodput"] = _per_second(sum(meets_slo(m, slo) for m in per_request), window_s) if slo else None
+    lags = [(rec.send_ns - rec.scheduled_ns) / 1e6 for rec in measured if rec.scheduled_ns is not None]
+    summary["scheduling_lag_ms"] = describe(lags)
+    scored = [m for m in per_request if "exact_match" in m]
+    summary["accuracy"] = (
+        {
+            "requests": len(scored),
+            "exact_match": sum(m["exact_match"] for m in scored) / len(scored),
+            "rouge_l_f1": sum(m["rouge_l_f1"] for m in scored) / len(scored),
+        }
+        if scored
+        else None
+    )
+    score_names = sorted({name for rec in ok for name in rec.scores})
+    summary["scores"] = {
+        name: sum(rec.scores[name] for rec in ok if name in rec.scores) / sum(name in rec.scores for rec in ok)
+        for name in score_names
+    }
+    summary["error_messages"] = dict(Counter(rec.error for rec in measured if rec.error).most_common(ERROR_SAMPLES))
+    return summary

@@ -1,0 +1,455 @@
+"""How requests reach Triton: gRPC (offline ``ModelInfer``, streaming ``ModelStreamInfer``) and HTTP (offline).
+
+Everything a request needs is encoded before the load starts. On the hot path a gRPC request is one pre-serialized
+protobuf (``bytes``) handed to a grpc.aio call whose serializers are the identity, and each response is kept as it
+came, with its arrival time; decoding into numpy happens after the load (:meth:`Transport.decode`).
+
+The control plane (health, model configuration, statistics) goes through tritonclient's aio clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..errors import NotFoundError, ServerError
+from .workload import ModelInfo, Request, TensorSpec
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .loadgen import Record
+
+Protocol = Literal["grpc", "http"]
+#: Sends one request and fills the record's times, responses or error; returns when the request is complete.
+Caller = Callable[[Any, "Record"], Awaitable[None]]
+
+_MAX_MESSAGE = 2**31 - 1
+_SERVE_HINT = "start one with `trtdeploy serve --background`, or pass --url HOST:PORT of a running Triton"
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+class Transport(ABC):
+    """One connection to the server in one process, and the callers that send requests over it."""
+
+    def __init__(self, url: str, model_name: str, *, timeout_s: float) -> None:
+        self.url = url
+        self.model_name = model_name
+        self.timeout_s = timeout_s
+
+    @abstractmethod
+    async def open(self, slots: int) -> None:
+        """Connect, sized for ``slots`` requests in flight (0: no limit)."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    @abstractmethod
+    def encode(self, request: Request, *, stream: bool) -> Any:
+        """The request in the form this transport sends (built once per row, before the load)."""
+
+    @abstractmethod
+    def caller(self, *, stream: bool) -> Caller:
+        """A function that sends requests; with ``stream``, each caller has a stream of its own."""
+
+    @abstractmethod
+    def decode(self, raw: Any) -> dict[str, np.ndarray]:
+        """The output tensors of one kept response."""
+
+    @abstractmethod
+    async def release(self) -> None:
+        """Close the streams opened by :meth:`caller` (after each level)."""
+
+
+# --- gRPC ------------------------------------------------------------------------------------------------------
+
+
+def _grpc_method(name: str) -> str:
+    from tritonclient.grpc import service_pb2
+
+    return f"/{service_pb2.DESCRIPTOR.services_by_name['GRPCInferenceService'].full_name}/{name}"
+
+
+def _id_field(request_id: str) -> bytes:
+    """The wire encoding of ``ModelInferRequest.id`` (field 3); appended to a serialized request it sets the id.
+
+    Protobuf keeps the last occurrence of a singular field, so the pre-serialized request needs no re-encoding.
+    Ids here are short decimal strings: their length fits the one-byte varint.
+    """
+    data = request_id.encode()
+    return b"\x1a" + bytes((len(data),)) + data
+
+
+def encode_grpc_request(model_name: str, request: Request, *, stream: bool) -> bytes:
+    """A serialized ``ModelInferRequest`` (raw tensor contents; with ``stream``, asking for empty final responses)."""
+    import numpy as np
+    from tritonclient.grpc import service_pb2
+    from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor
+
+    message = service_pb2.ModelInferRequest(model_name=model_name)
+    for name, array in request.inputs.items():
+        datatype = np_to_triton_dtype(array.dtype)
+        message.inputs.add(name=name, datatype=datatype, shape=list(array.shape))
+        if datatype == "BYTES":
+            content = serialize_byte_tensor(array).item() if array.size else b""
+        else:
+            content = np.ascontiguousarray(array).tobytes()
+        message.raw_input_contents.append(content)
+    for name in request.outputs:
+        message.outputs.add(name=name)
+    if stream:
+        message.parameters["triton_enable_empty_final_response"].bool_param = True
+    return message.SerializeToString()
+
+
+def _rpc_error(exc: Any) -> str:
+    return f"{exc.code().name}: {exc.details()}"
+
+
+class GrpcTransport(Transport):
+    def __init__(self, url: str, model_name: str, *, timeout_s: float) -> None:
+        super().__init__(url, model_name, timeout_s=timeout_s)
+        self._channel: Any = None
+        self._sessions: list[StreamSession] = []
+
+    async def open(self, slots: int) -> None:
+        import grpc
+        from tritonclient.grpc import service_pb2
+
+        options = [("grpc.max_send_message_length", _MAX_MESSAGE), ("grpc.max_receive_message_length", _MAX_MESSAGE)]
+        self._channel = grpc.aio.insecure_channel(self.url, options=options)
+        self._unary = self._channel.unary_unary(
+            _grpc_method("ModelInfer"), request_serializer=_identity, response_deserializer=_identity
+        )
+        self._stream = self._channel.stream_stream(
+            _grpc_method("ModelStreamInfer"),
+            request_serializer=_identity,
+            response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
+        )
+        self._rpc_error_type = grpc.aio.AioRpcError
+
+    async def close(self) -> None:
+        await self.release()
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+    def encode(self, request: Request, *, stream: bool) -> bytes:
+        return encode_grpc_request(self.model_name, request, stream=stream)
+
+    def caller(self, *, stream: bool) -> Caller:
+        if not stream:
+            return self._infer
+        session = StreamSession(self._stream, self.timeout_s, self._rpc_error_type)
+        self._sessions.append(session)
+        return session.infer
+
+    async def release(self) -> None:
+        sessions, self._sessions = self._sessions, []
+        for session in sessions:
+            await session.close()
+
+    async def _infer(self, payload: bytes, rec: Record) -> None:
+        rec.send_ns = time.perf_counter_ns()
+        try:
+            raw = await self._unary(payload, timeout=self.timeout_s)
+        except self._rpc_error_type as exc:
+            rec.end_ns = time.perf_counter_ns()
+            rec.error = _rpc_error(exc)
+            return
+        rec.end_ns = now = time.perf_counter_ns()
+        rec.chunk_ns.append(now)
+        rec.raw.append(raw)
+
+    def decode(self, raw: Any) -> dict[str, np.ndarray]:
+        from tritonclient.grpc import InferResult, service_pb2
+
+        response = service_pb2.ModelInferResponse.FromString(raw) if isinstance(raw, bytes) else raw
+        result = InferResult(response)
+        return {output.name: result.as_numpy(output.name) for output in response.outputs}
+
+
+class StreamSession:
+    """One bidirectional ``ModelStreamInfer`` stream; responses are matched to requests by request id.
+
+    A request is complete at its response flagged ``triton_final_response`` (requests carry
+    ``triton_enable_empty_final_response``, so a model that sends the final flag alone is seen too), at an error
+    response, or when it has waited ``timeout_s``.
+    """
+
+    def __init__(self, method: Any, timeout_s: float, rpc_error: type[Exception]) -> None:
+        self._method = method
+        self._timeout_ns = int(timeout_s * 1e9)
+        self._rpc_error = rpc_error
+        self._call: Any = None
+        self._reader: asyncio.Task[None] | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._pending: dict[str, tuple[Record, asyncio.Future[None]]] = {}
+        self._write_lock = asyncio.Lock()
+
+    def _start(self) -> None:
+        self._call = self._method()
+        self._reader = asyncio.ensure_future(self._read(self._call))
+        if self._sweeper is None:
+            self._sweeper = asyncio.ensure_future(self._sweep())
+
+    async def infer(self, payload: bytes, rec: Record) -> None:
+        if self._call is None:
+            self._start()
+        key = str(rec.seq)
+        done = asyncio.get_running_loop().create_future()
+        self._pending[key] = (rec, done)
+        message = payload + _id_field(key)
+        async with self._write_lock:
+            rec.send_ns = time.perf_counter_ns()
+            try:
+                await self._call.write(message)
+            except Exception as exc:  # the stream broke: fail this request, reopen on the next one
+                self._fail_all(f"stream closed: {_short(exc)}")
+                self._call = None
+        await done
+
+    async def _read(self, call: Any) -> None:
+        import grpc
+
+        pending = self._pending
+        try:
+            while True:
+                response = await call.read()
+                if response is grpc.aio.EOF:
+                    break
+                now = time.perf_counter_ns()
+                infer_response = response.infer_response
+                entry = pending.get(infer_response.id)
+                if entry is None:
+                    if not (response.error_message and len(pending) == 1):
+                        continue  # a request that timed out, answering late
+                    # an error the server could not tie to a request id: it belongs to the only one in flight
+                    entry = pending[next(iter(pending))]
+                    infer_response.id = str(entry[0].seq)
+                rec = entry[0]
+                if response.error_message:
+                    rec.error = response.error_message
+                else:
+                    if infer_response.outputs:
+                        rec.chunk_ns.append(now)
+                        rec.raw.append(infer_response)
+                    final = infer_response.parameters.get("triton_final_response")
+                    if final is not None and not final.bool_param:
+                        continue
+                del pending[infer_response.id]
+                rec.end_ns = now
+                entry[1].set_result(None)
+        except self._rpc_error as exc:
+            self._fail_all(_rpc_error(exc))
+        if self._call is call:
+            self._call = None
+        self._fail_all("the server closed the stream")
+
+    async def _sweep(self) -> None:
+        """Fail requests that have waited longer than the timeout (checked about four times per timeout)."""
+        interval = min(1.0, self._timeout_ns / 4e9)
+        while True:
+            await asyncio.sleep(interval)
+            now = time.perf_counter_ns()
+            expired = [
+                key for key, (rec, _) in self._pending.items() if rec.send_ns and now - rec.send_ns > self._timeout_ns
+            ]
+            for key in expired:
+                rec, done = self._pending.pop(key)
+                rec.error = f"timed out after {self._timeout_ns / 1e9:g} s"
+                rec.end_ns = now
+                done.set_result(None)
+
+    def _fail_all(self, message: str) -> None:
+        now = time.perf_counter_ns()
+        for rec, done in self._pending.values():
+            rec.error = rec.error or message
+            rec.end_ns = now
+            if not done.done():
+                done.set_result(None)
+        self._pending.clear()
+
+    async def close(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
+        for task in (self._reader, self._sweeper):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):
+                    pass
+        self._reader = self._sweeper = None
+
+
+# --- HTTP ------------------------------------------------------------------------------------------------------
+
+
+class HttpTransport(Transport):
+    """Offline ``infer`` through tritonclient.http.aio, with the request's InferInput objects built once."""
+
+    def __init__(self, url: str, model_name: str, *, timeout_s: float) -> None:
+        super().__init__(url, model_name, timeout_s=timeout_s)
+        self._client: Any = None
+
+    async def open(self, slots: int) -> None:
+        import tritonclient.http.aio as httpclient
+
+        self._client = httpclient.InferenceServerClient(self.url, conn_limit=slots, conn_timeout=self.timeout_s)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    def encode(self, request: Request, *, stream: bool) -> tuple[list[Any], list[Any]]:
+        import tritonclient.http as httpclient
+        from tritonclient.utils import np_to_triton_dtype
+
+        inputs = []
+        for name, array in request.inputs.items():
+            tensor = httpclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        return inputs, [httpclient.InferRequestedOutput(name) for name in request.outputs]
+
+    def caller(self, *, stream: bool) -> Caller:
+        return self._infer
+
+    async def release(self) -> None:
+        """Nothing to release: HTTP requests hold no streams."""
+
+    async def _infer(self, payload: tuple[list[Any], list[Any]], rec: Record) -> None:
+        from tritonclient.utils import InferenceServerException
+
+        inputs, outputs = payload
+        rec.send_ns = time.perf_counter_ns()
+        try:
+            result = await self._client.infer(self.model_name, inputs, outputs=outputs or None)
+        except InferenceServerException as exc:
+            rec.error = exc.message()
+        except Exception as exc:  # aiohttp's: connection refused or reset, timeout
+            rec.error = f"{type(exc).__name__}: {_short(exc)}"
+        else:
+            rec.chunk_ns.append(time.perf_counter_ns())
+            rec.raw.append(result)
+        rec.end_ns = time.perf_counter_ns()
+
+    def decode(self, raw: Any) -> dict[str, np.ndarray]:
+        return {output["name"]: raw.as_numpy(output["name"]) for output in raw.get_response().get("outputs", [])}
+
+
+def make_transport(protocol: Protocol, url: str, model_name: str, *, timeout_s: float) -> Transport:
+    cls = GrpcTransport if protocol == "grpc" else HttpTransport
+    return cls(url, model_name, timeout_s=timeout_s)
+
+
+# --- control plane ---------------------------------------------------------------------------------------------
+
+
+def _kserve_type(config_type: str) -> str:
+    name = config_type.removeprefix("TYPE_")
+    return "BYTES" if name == "STRING" else name
+
+
+def _tensor_specs(entries: list[dict[str, Any]]) -> dict[str, TensorSpec]:
+    return {
+        entry["name"]: TensorSpec(
+            name=entry["name"],
+            datatype=_kserve_type(entry.get("data_type", "")),
+            dims=tuple(int(d) for d in entry.get("dims", [])),
+            optional=bool(entry.get("optional", False)),
+        )
+        for entry in entries
+    }
+
+
+def model_info_from_config(config: dict[str, Any]) -> ModelInfo:
+    """A :class:`ModelInfo` from a model configuration as JSON (gRPC or HTTP flavour)."""
+    return ModelInfo(
+        name=config["name"],
+        inputs=_tensor_specs(config.get("input", [])),
+        outputs=_tensor_specs(config.get("output", [])),
+        max_batch_size=int(config.get("max_batch_size", 0)),
+        decoupled=bool(config.get("model_transaction_policy", {}).get("decoupled", False)),
+    )
+
+
+class ControlClient:
+    """Health, model configuration and statistics through tritonclient's aio client of the chosen protocol."""
+
+    def __init__(self, protocol: Protocol, url: str) -> None:
+        self.protocol = protocol
+        self.url = url
+        if protocol == "grpc":
+            import tritonclient.grpc.aio as client_module
+        else:
+            import tritonclient.http.aio as client_module
+        self._client = client_module.InferenceServerClient(url)
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def check_live(self, timeout_s: float = 10.0) -> None:
+        """Raise ServerError (one line, with a hint) if the server does not answer."""
+        try:
+            if self.protocol == "grpc":
+                live = await self._client.is_server_live(client_timeout=timeout_s)
+            else:
+                live = await asyncio.wait_for(self._client.is_server_live(), timeout_s)
+        except Exception as exc:
+            raise ServerError(f"cannot reach Triton at {self.url}: {_reason(exc)}", hint=_SERVE_HINT) from None
+        if not live:
+            raise ServerError(f"Triton at {self.url} is not live", hint=_SERVE_HINT)
+
+    async def model_info(self, name: str) -> ModelInfo:
+        """The configuration of model ``name``: NotFoundError if the server has none, ServerError if not ready."""
+        if self.protocol == "grpc":
+            index = (await self._client.get_model_repository_index(as_json=True)).get("models", [])
+        else:
+            index = await self._client.get_model_repository_index()
+        states = {entry["name"]: entry for entry in index}
+        if name not in states:
+            raise NotFoundError(
+                f"Triton at {self.url} has no model {name!r}",
+                hint=f"its models: {', '.join(sorted(states)) or 'none'} (choose one with --model)",
+            )
+        if states[name].get("state") != "READY":
+            reason = states[name].get("reason") or states[name].get("state") or "not loaded"
+            raise ServerError(f"model {name!r} is not ready on Triton at {self.url} ({reason})")
+        if self.protocol == "grpc":
+            config = (await self._client.get_model_config(name, as_json=True))["config"]
+        else:
+            config = await self._client.get_model_config(name)
+        return model_info_from_config(config)
+
+    async def statistics(self) -> list[dict[str, Any]]:
+        """Every model's inference statistics (``/v2/models/stats``) as JSON."""
+        if self.protocol == "grpc":
+            stats = await self._client.get_inference_statistics(as_json=True)
+        else:
+            stats = await self._client.get_inference_statistics()
+        return list(stats.get("model_stats", []))
+
+
+def _reason(exc: BaseException) -> str:
+    from tritonclient.utils import InferenceServerException
+
+    if isinstance(exc, InferenceServerException):
+        return _short(Exception(exc.message()))
+    if isinstance(exc, asyncio.TimeoutError):
+        return "no answer (timed out)"
+    return _short(exc)

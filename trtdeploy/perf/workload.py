@@ -1,0 +1,188 @@
+"""The perf plugin API: how a model turns an input row into a Triton request and its responses into a result.
+
+A model plugin returns a :class:`Workload` from ``ModelSpec.workload(deployment)``. ``trtdeploy perf`` then
+
+1. calls :meth:`Workload.validate` once with the served model's configuration (:class:`ModelInfo`),
+2. calls :meth:`Workload.make_request` once per input row, before any load is sent,
+3. sends the requests, keeping each raw response and its arrival time (nothing else runs per response),
+4. after the load level, calls :meth:`Workload.parse_chunk` for every response and :meth:`Workload.finish` once
+   per request, and computes the metrics of the workload's :attr:`Workload.family` from what they return.
+
+Workloads are pickled into worker processes (``--workers``): keep heavy state (tokenizers) lazy and out of the
+pickled state.
+"""
+
+from __future__ import annotations
+
+import copy
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from ..errors import UsageError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+#: Which metrics apply: ``llm`` (TTFT, ITL, token throughput) or ``tts`` (first-chunk latency, RTF, audio seconds).
+MetricFamily = Literal["llm", "tts"]
+#: Where output token counts come from: token ids the server returned, or the client re-tokenizing the text.
+TokenSource = Literal["server", "retokenized"]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output of a Triton model, as its configuration declares it (dims without the batch dim)."""
+
+    name: str
+    datatype: str  # KServe name: INT32, BYTES, BOOL, FP32, ...
+    dims: tuple[int, ...]
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the server says about the model under load."""
+
+    name: str
+    inputs: Mapping[str, TensorSpec]
+    outputs: Mapping[str, TensorSpec]
+    max_batch_size: int = 0
+    decoupled: bool = False
+
+    def shape(self, *dims: int) -> list[int]:
+        """The full tensor shape of one request: ``dims`` with a leading batch dim of 1 when the model batches."""
+        return [1, *dims] if self.max_batch_size > 0 else list(dims)
+
+    def require_inputs(self, *names: str) -> None:
+        """Raise UsageError naming every one of ``names`` the model does not take."""
+        missing = [name for name in names if name not in self.inputs]
+        if missing:
+            raise UsageError(
+                f"model {self.name!r} has no input {', '.join(repr(m) for m in missing)} "
+                f"(its inputs: {', '.join(self.inputs) or 'none'})",
+                hint="is --model the right Triton model for this workload?",
+            )
+
+
+@dataclass(frozen=True)
+class InputRow:
+    """One row of the input data: what to send, and what should come back."""
+
+    #: The prompt (text for LLMs; whatever the workload expects otherwise).
+    input: Any
+    #: The expected output, if the data has one (scored for accuracy).
+    reference: Any = None
+    #: Output length for this row (synthetic prompts, a jsonl "max_tokens"); None: the run's (``--osl``).
+    max_tokens: int | None = None
+    #: The whole source row, for workloads that need more columns than ``input``.
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """Generation settings of a run (``None``: leave the model's default)."""
+
+    #: Stream the response (only against a decoupled model).
+    stream: bool = False
+    max_tokens: int | None = None
+    #: Keep generating past the end-of-sequence token, so exactly ``max_tokens`` come out.
+    ignore_eos: bool = False
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+
+
+@dataclass
+class Request:
+    """A request ready to send: named tensors (full shapes, batch dim included when the model batches)."""
+
+    inputs: dict[str, np.ndarray]
+    #: Outputs to ask for; empty asks for all.
+    outputs: tuple[str, ...] = ()
+    #: The expected output, if any (from :attr:`InputRow.reference`).
+    reference: Any = None
+    #: Input length in tokens, when the workload knows it.
+    input_tokens: int | None = None
+    #: Anything :meth:`Workload.parse_chunk`/:meth:`Workload.finish` need later (e.g. the prompt's token ids).
+    context: Any = None
+
+
+@dataclass
+class Chunk:
+    """What one response (one chunk of a stream, or the whole answer offline) carried."""
+
+    #: Output tokens in this chunk; None when only the text is known (``finish`` then counts).
+    tokens: int | None = None
+    text: str = ""
+    #: The token ids themselves, when the workload needs them in ``finish`` (e.g. to decode the text).
+    token_ids: np.ndarray | None = None
+    #: Seconds of audio in this chunk (TTS).
+    audio_seconds: float = 0.0
+
+    @property
+    def has_content(self) -> bool:
+        """Whether the chunk carries output (an empty chunk does not end the time to first token)."""
+        return bool(self.tokens) or bool(self.text) or self.audio_seconds > 0
+
+
+@dataclass
+class Result:
+    """Per-request fields computed when a request has finished."""
+
+    #: Output tokens of the whole request.
+    output_tokens: int | None = None
+    #: Tokens in the first chunk with content (the ITL denominator excludes them).
+    first_chunk_tokens: int | None = None
+    token_source: TokenSource | None = None
+    #: The full output text (scored against the reference).
+    text: str | None = None
+    #: Seconds of audio produced (TTS).
+    audio_seconds: float | None = None
+    #: Extra per-request scores (e.g. ``wer``); the report gives the mean of each over the level.
+    scores: dict[str, float] = field(default_factory=dict)
+
+
+class Workload(ABC):
+    """How rows become requests for one Triton model, and responses become results."""
+
+    #: The metric family of this workload.
+    family: ClassVar[MetricFamily] = "llm"
+
+    #: The Triton model the requests go to.
+    model_name: str
+    #: Whether that model is decoupled (streams its answer), as the deployment says; at run time the served
+    #: model's configuration decides whether requests stream (``--stream``/``--no-stream`` must agree with it).
+    decoupled: bool
+
+    def validate(self, model: ModelInfo, options: RequestOptions) -> None:
+        """Check that the served model fits this workload and ``options``; raise UsageError if not.
+
+        Called once before any request is built. The default accepts anything.
+        """
+        return None
+
+    @abstractmethod
+    def make_request(self, row: InputRow, options: RequestOptions, model: ModelInfo) -> Request:
+        """Build the request for one row (called before the load starts; may be slow, e.g. tokenize)."""
+
+    @abstractmethod
+    def parse_chunk(self, outputs: Mapping[str, np.ndarray], request: Request) -> Chunk:
+        """Read one response's output tensors (called after the load, never on the hot path)."""
+
+    @abstractmethod
+    def finish(self, request: Request, chunks: Sequence[Chunk]) -> Result:
+        """Per-request fields from the chunks with content, in arrival order."""
+
+    def synthetic_rows(self, count: int, *, input_tokens: int, output_tokens: int | None, seed: int) -> list[InputRow]:
+        """``count`` synthetic rows of exactly ``input_tokens`` tokens, asking for ``output_tokens`` (``--isl/--osl``;
+        None: the run's default)."""
+        raise UsageError(f"the {type(self).__name__} workload has no synthetic inputs (--isl/--osl)")
+
+    def retarget(self, model_name: str) -> Workload:
+        """A copy of this workload aimed at another Triton model that speaks the same tensor contract."""
+        other = copy.copy(self)
+        other.model_name = model_name
+        return other

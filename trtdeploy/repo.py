@@ -1,0 +1,123 @@
+"""Rendering a Triton model repository from jinja2 templates, and validating what was rendered.
+
+A template folder holds one subfolder per Triton model: ``<model>/config.pbtxt.j2`` is rendered, every other file
+(``<model>/1/model.py`` …) is copied as it is. Rendering always goes into a fresh folder; templates stay untouched.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from .errors import BuildError
+
+TEMPLATE_SUFFIX = ".j2"
+CONFIG = "config.pbtxt"
+
+
+@dataclass(frozen=True)
+class TemplateSource:
+    """Where the templates of some Triton models come from, and the variables they are rendered with."""
+
+    root: Path
+    models: tuple[str, ...]
+    variables: Mapping[str, Any]
+
+
+def template_models(root: Path) -> tuple[str, ...]:
+    """The Triton models a template folder defines (subfolders holding a ``config.pbtxt.j2``)."""
+    return tuple(sorted(p.parent.name for p in root.glob(f"*/{CONFIG}{TEMPLATE_SUFFIX}")))
+
+
+def _environment(root: Path) -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(root)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+
+
+def render_model(source: TemplateSource, model: str, dest_root: Path) -> Path:
+    """Render one Triton model into ``dest_root/<model>``; returns the rendered config.pbtxt."""
+    src = source.root / model
+    dest = dest_root / model
+    if dest.exists():
+        raise BuildError(f"two templates define the Triton model {model!r}")
+    env = _environment(source.root)
+    for path in sorted(src.rglob("*")):
+        if path.is_dir() or "__pycache__" in path.parts:
+            continue
+        rel = path.relative_to(src)
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if path.name.endswith(TEMPLATE_SUFFIX):
+            template = env.get_template(f"{model}/{rel.as_posix()}")
+            try:
+                text = template.render(**source.variables)
+            except jinja2.TemplateError as exc:
+                raise BuildError(f"template {path} failed to render: {exc}") from exc
+            target.with_name(target.name[: -len(TEMPLATE_SUFFIX)]).write_text(text)
+        else:
+            shutil.copy2(path, target)
+    (dest / "1").mkdir(exist_ok=True)  # Triton needs a version folder, even an ensemble's empty one
+    return dest / CONFIG
+
+
+def render_repository(sources: Iterable[TemplateSource], dest_root: Path) -> dict[str, Path]:
+    """Render every model of every source into ``dest_root`` (which must not exist yet) and validate each config."""
+    dest_root.mkdir(parents=True)
+    configs: dict[str, Path] = {}
+    for source in sources:
+        for model in source.models:
+            configs[model] = render_model(source, model, dest_root)
+    for model, config in configs.items():
+        validate_config(config, expected_name=model)
+    return configs
+
+
+def validate_config(path: Path, *, expected_name: str | None = None) -> Any:
+    """Parse a config.pbtxt with Triton's own ``ModelConfig`` protobuf; raise BuildError on any problem.
+
+    Also refuses leftover ``${…}`` placeholders (the failure mode of fill_template.py) and a ``name`` that does not
+    match the model folder.
+    """
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    text = path.read_text()
+    if "${" in text:
+        line = next(i for i, row in enumerate(text.splitlines(), 1) if "${" in row)
+        raise BuildError(f"{path}:{line}: unfilled placeholder left in the rendered config")
+    config = model_config_pb2.ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as exc:
+        raise BuildError(f"{path}: not a valid Triton model config: {exc}") from None
+    if expected_name is not None and config.name and config.name != expected_name:
+        raise BuildError(f"{path}: name {config.name!r} does not match its folder {expected_name!r}")
+    if not config.backend and not config.platform:
+        raise BuildError(f"{path}: neither backend nor platform is set")
+    if config.platform == "ensemble":
+        _check_ensemble(path, config)
+    return config
+
+
+def _check_ensemble(path: Path, config: Any) -> None:
+    """Every ensemble tensor must be produced by an input or a step before it is consumed."""
+    available = {tensor.name for tensor in config.input}
+    for step in config.ensemble_scheduling.step:
+        for tensor in step.input_map.values():
+            if tensor not in available:
+                raise BuildError(f"{path}: ensemble step {step.model_name!r} reads {tensor!r}, which nothing produces")
+        available.update(step.output_map.values())
+    for tensor in config.output:
+        if tensor.name not in available:
+            raise BuildError(f"{path}: ensemble output {tensor.name!r} is produced by no step")

@@ -1,0 +1,454 @@
+"""Starting tritonserver as a process group, waiting until it is ready, and stopping every process of it."""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from urllib.parse import quote
+
+from ..errors import ServerError, UsageError
+from ._binary import TritonBinary, resolve_tritonserver
+
+#: Seconds between readiness polls.
+POLL_INTERVAL = 0.2
+#: Seconds tritonserver gives in-flight requests and open connections after SIGTERM (its default, 30, makes every
+#: stop with a connected client take 30 s).
+EXIT_TIMEOUT = 10
+#: Starts tried when a port picked for us is taken before the server binds it.
+PORT_ATTEMPTS = 3
+_LOAD_FAILURE = re.compile(r"failed to load '([^']+)'")
+_PORT_TAKEN = re.compile(r"failed to start (\w+) service: .*Socket '[^']*:(\d+)' already in use")
+_SERVICE_LABELS = {"http": "HTTP", "grpc": "gRPC", "metrics": "metrics"}
+_PORT_HINT = "pass other ports (--http-port/--grpc-port/--metrics-port), or stop the server using it (`trtdeploy stop`)"
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """Fields of ``/proc/<pid>/stat`` after the command name (index 0 is the state), or None if gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rfind(")") + 2 :].split()
+
+
+def process_alive(pid: int, start_ticks: int | None = None) -> bool:
+    """Whether ``pid`` runs (zombies do not count); with ``start_ticks``, also that it is the same process."""
+    fields = _proc_stat(pid)
+    if fields is None or fields[0] in ("Z", "X"):
+        return False
+    return start_ticks is None or int(fields[19]) == start_ticks
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (tells a reused pid from the original)."""
+    fields = _proc_stat(pid)
+    return None if fields is None else int(fields[19])
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of a process group."""
+    members = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            fields = _proc_stat(int(entry.name))
+            if fields is not None and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+                members.append(int(entry.name))
+    return members
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def terminate_group(pgid: int, timeout: float = 30.0, *, leader: subprocess.Popen | None = None) -> None:
+    """SIGTERM every process of the group, wait up to ``timeout`` s for all of them to exit, then SIGKILL.
+
+    ``leader`` is reaped when it is our child, so it does not linger as a zombie. A Ctrl-C while waiting kills the
+    group at once.
+    """
+    try:
+        _terminate_group(pgid, timeout, leader)
+    except KeyboardInterrupt:
+        _signal_group(pgid, signal.SIGKILL)
+        raise
+
+
+def _terminate_group(pgid: int, timeout: float, leader: subprocess.Popen | None) -> None:
+    _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if leader is not None:
+            leader.poll()
+        if not group_members(pgid):
+            break
+        time.sleep(0.05)
+    else:
+        _signal_group(pgid, signal.SIGKILL)
+        kill_deadline = time.monotonic() + 5.0
+        while group_members(pgid) and time.monotonic() < kill_deadline:
+            if leader is not None:
+                leader.poll()
+            time.sleep(0.05)
+    if leader is not None:
+        try:
+            leader.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def remove_shm_regions(prefix: str) -> None:
+    """Remove python-backend shared-memory regions a killed server left in /dev/shm."""
+    shm = Path("/dev/shm")
+    if prefix and shm.is_dir():
+        for region in shm.glob(f"{prefix}*"):
+            try:
+                region.unlink()
+            except OSError:
+                pass
+
+
+def free_port() -> int:
+    """A TCP port that nothing listens on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def port_in_use(port: int) -> bool:
+    """Whether binding ``port`` on all interfaces fails (something listens there)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a socket in TIME_WAIT is no obstacle
+        try:
+            sock.bind(("", port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                return True
+            raise
+    return False
+
+
+def _choose_ports(http: int | None, grpc: int | None, metrics: int | None) -> tuple[int, int, int]:
+    chosen: list[int] = []
+    for port, label in ((http, "HTTP"), (grpc, "gRPC"), (metrics, "metrics")):
+        if port is None:
+            port = free_port()
+            while port in chosen:
+                port = free_port()
+        elif port in chosen:
+            raise UsageError(f"port {port} is given twice", hint="give HTTP, gRPC and metrics different ports")
+        elif port_in_use(port):
+            raise PortInUseError(port, label)
+        chosen.append(port)
+    return chosen[0], chosen[1], chosen[2]
+
+
+def repo_models(model_repo: Path) -> list[str]:
+    """Every model folder of a Triton model repository (what the server loads at startup)."""
+    return sorted(p.name for p in model_repo.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def read_tail(path: Path, lines: int = 40, start: int = 0) -> str:
+    """The last ``lines`` lines of a (log) file after byte ``start``, or "" if it cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(start, fh.tell() - 64 * 1024))
+            text = fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class PortInUseError(ServerError):
+    """tritonserver could not bind one of its ports (taken between the free-port check and the server's start)."""
+
+    def __init__(self, port: int, label: str) -> None:
+        super().__init__(f"port {port} ({label}) is in use", hint=_PORT_HINT)
+        self.port = port
+
+
+class LogScanner:
+    """Reads a growing server log incrementally for model load failures and port-bind failures."""
+
+    def __init__(self, path: Path, offset: int = 0) -> None:
+        self.path = path
+        self.offset = offset
+        #: model -> its "failed to load" line, in the order seen
+        self.load_failures: dict[str, str] = {}
+        #: (port, "HTTP" | "gRPC" | "metrics") that the server failed to bind
+        self.port_taken: tuple[int, str] | None = None
+
+    def scan(self) -> None:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                chunk = fh.read()
+        except OSError:
+            return
+        complete = chunk[: chunk.rfind(b"\n") + 1]  # a partial last line is read again next time
+        self.offset += len(complete)
+        for line in complete.decode("utf-8", errors="replace").splitlines():
+            match = _LOAD_FAILURE.search(line)
+            if match and match.group(1) not in self.load_failures:
+                self.load_failures[match.group(1)] = line.strip()
+            taken = _PORT_TAKEN.search(line)
+            if taken and self.port_taken is None:
+                self.port_taken = (int(taken.group(2)), _SERVICE_LABELS.get(taken.group(1).lower(), taken.group(1)))
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2.0) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+class RunningServer:
+    """A tritonserver started by :func:`launch`, in its own process group. A context manager that stops it."""
+
+    def __init__(
+        self,
+        process: subprocess.Popen,
+        *,
+        http_port: int,
+        grpc_port: int,
+        metrics_port: int,
+        log_file: Path,
+        log_offset: int = 0,
+        model_repo: Path,
+        models: list[str],
+        shm_prefix: str,
+    ) -> None:
+        self.process = process
+        self.pid = process.pid
+        #: The group every process of the server (python backend stubs included) belongs to.
+        self.pgid = process.pid
+        self.http_port = http_port
+        self.grpc_port = grpc_port
+        self.metrics_port = metrics_port
+        self.log_file = log_file
+        #: Where this run starts in the log (several runs may append to one file).
+        self.log_offset = log_offset
+        self.model_repo = model_repo
+        self.models = models
+        self.shm_prefix = shm_prefix
+        #: A state file (see :mod:`trtdeploy.server`) removed by :meth:`stop`.
+        self.state_file: Path | None = None
+        self._stopped = False
+
+    @property
+    def http_url(self) -> str:
+        """``localhost:PORT``, the form tritonclient.http takes."""
+        return f"localhost:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        """``localhost:PORT``, the form tritonclient.grpc takes."""
+        return f"localhost:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """The full Prometheus metrics URL (``http://localhost:PORT/metrics``)."""
+        return f"http://localhost:{self.metrics_port}/metrics"
+
+    def poll(self) -> int | None:
+        """The server's exit status, or None while it runs."""
+        return self.process.poll()
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines this run wrote to the log."""
+        return read_tail(self.log_file, lines, self.log_offset)
+
+    def is_ready(self, models: Sequence[str] | None = None) -> bool:
+        """Whether the server and each of ``models`` (default: the models it waits for) answer ready."""
+        base = f"http://127.0.0.1:{self.http_port}"
+        if not _http_ok(f"{base}/v2/health/ready"):
+            return False
+        names = self.models if models is None else models
+        return all(_http_ok(f"{base}/v2/models/{quote(name)}/ready") for name in names)
+
+    def wait_ready(self, timeout: float) -> None:
+        """Poll until ready; on exit, a failed model load or timeout stop everything and raise ServerError."""
+        deadline = time.monotonic() + timeout
+        log = LogScanner(self.log_file, self.log_offset)
+        while True:
+            code = self.poll()
+            log.scan()
+            if log.load_failures:
+                self._fail(_load_failure_error(log.load_failures))
+            if code is not None:
+                if log.port_taken:
+                    self._fail(PortInUseError(*log.port_taken))
+                self._fail(ServerError(f"tritonserver exited with status {code} while starting"))
+            if self.is_ready():
+                return
+            if time.monotonic() > deadline:
+                base = f"http://127.0.0.1:{self.http_port}"
+                waiting = [m for m in self.models if not _http_ok(f"{base}/v2/models/{quote(m)}/ready")]
+                what = f"models {', '.join(waiting)} not" if waiting else "server not"
+                message = f"tritonserver not ready after {timeout:g} s ({what} ready)"
+                self._fail(ServerError(message, hint="a slow model may need a longer --timeout"))
+            time.sleep(POLL_INTERVAL)
+
+    def _fail(self, error: ServerError) -> None:
+        """Stop everything, then raise ``error`` with the log tail as its details."""
+        self.stop()
+        tail = self.log_tail()
+        error.details = f"--- last lines of {self.log_file} ---\n{tail}" if tail else None
+        raise error
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the server process to exit; its exit status."""
+        return self.process.wait(timeout)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM the whole process group, SIGKILL what is left after ``timeout`` s; safe to call again."""
+        if self._stopped:
+            return
+        terminate_group(self.pgid, timeout, leader=self.process)
+        remove_shm_regions(self.shm_prefix)
+        if self.state_file is not None:
+            self.state_file.unlink(missing_ok=True)
+        self._stopped = True
+
+    def __enter__(self) -> RunningServer:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"RunningServer(pid={self.pid}, http={self.http_url}, grpc={self.grpc_url}, log={self.log_file})"
+
+
+def _load_failure_error(failures: dict[str, str]) -> ServerError:
+    """One line naming the models that failed and the first one's error, e.g. "Internal: RuntimeError: boom"."""
+    names = ", ".join(repr(m) for m in failures)
+    line = next(iter(failures.values()))
+    reason = _LOAD_FAILURE.split(line, maxsplit=1)[-1]
+    reason = re.sub(r"^ version \d+: ", "", reason.split("\\n", 1)[0]).strip().rstrip('"').strip()
+    return ServerError(
+        f"model {names} failed to load: {reason or line}",
+        hint="fix the model (its error is in the log below), then start again",
+    )
+
+
+def launch(
+    model_repo: Path,
+    *,
+    http_port: int | None = None,
+    grpc_port: int | None = None,
+    metrics_port: int | None = None,
+    tritonserver: Path | None = None,
+    log_file: Path | None = None,
+    timeout: float = 180.0,
+    models: list[str] | None = None,
+    extra_args: Sequence[str] = (),
+) -> RunningServer:
+    """Start tritonserver on ``model_repo`` and wait until it and every model in ``models`` are ready.
+
+    ``None`` ports are picked free; ``models`` defaults to every model folder of the repository. On any failure
+    (port in use, server exit, a model failing to load, timeout, Ctrl-C) every process started is stopped and
+    :class:`~trtdeploy.errors.ServerError` is raised with the log tail in ``details`` (Ctrl-C re-raises).
+    """
+    model_repo = Path(model_repo).expanduser().absolute()
+    if not model_repo.is_dir():
+        raise ServerError(f"model repository {model_repo} does not exist")
+    binary = resolve_tritonserver(tritonserver)
+    models = repo_models(model_repo) if models is None else list(models)
+    if log_file is None:
+        fd, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
+        os.close(fd)
+        log_file = Path(name)
+    log_file = Path(log_file).expanduser().absolute()
+    try:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        log_file.touch()
+    except OSError as exc:
+        raise ServerError(f"cannot write the server log {log_file}: {exc.strerror or exc}") from None
+    explicit = {p for p in (http_port, grpc_port, metrics_port) if p is not None}
+    attempt = 0
+    while True:
+        attempt += 1
+        ports = _choose_ports(http_port, grpc_port, metrics_port)
+        server = _start(binary, model_repo, ports, log_file, models, extra_args)
+        try:
+            server.wait_ready(timeout)
+        except PortInUseError as exc:
+            if exc.port in explicit or attempt == PORT_ATTEMPTS:
+                raise
+            continue  # a port picked for us was taken meanwhile: pick again
+        except BaseException:
+            server.stop()
+            raise
+        return server
+
+
+def _start(
+    binary: TritonBinary,
+    model_repo: Path,
+    ports: tuple[int, int, int],
+    log_file: Path,
+    models: list[str],
+    extra_args: Sequence[str],
+) -> RunningServer:
+    http_port, grpc_port, metrics_port = ports
+    shm_prefix = f"trtdeploy-{uuid.uuid4().hex[:12]}-"
+    command = [
+        str(binary.path),
+        f"--model-repository={model_repo}",
+        f"--http-port={http_port}",
+        f"--grpc-port={grpc_port}",
+        f"--metrics-port={metrics_port}",
+        f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
+        "--strict-readiness=true",
+        "--exit-on-error=true",
+        "--disable-auto-complete-config",
+        f"--exit-timeout-secs={EXIT_TIMEOUT}",
+        *binary.args,
+        *extra_args,
+    ]
+    with open(log_file, "ab") as log:  # appending: a second server on the same log never punches holes in it
+        log_offset = log.tell()
+        log.write(("$ " + " ".join(command) + "\n").encode())
+        log.flush()
+        try:
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **binary.env},
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise ServerError(f"cannot start {binary.path}: {exc.strerror or exc}") from None
+    return RunningServer(
+        process,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        log_file=log_file,
+        log_offset=log_offset,
+        model_repo=model_repo,
+        models=models,
+        shm_prefix=shm_prefix,
+    )

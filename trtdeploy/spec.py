@@ -1,0 +1,167 @@
+"""What a model plugin registers: a :class:`ModelSpec`, and the typed build context its templates see."""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from .errors import UsageError
+
+if TYPE_CHECKING:
+    from .deployment import Deployment
+    from .perf.workload import Workload
+
+Mode = Literal["offline", "streaming"]
+MODES: tuple[Mode, ...] = ("offline", "streaming")
+
+
+@dataclass(frozen=True)
+class BuildPoint:
+    """One point of the build matrix: everything that makes one deployment different from another."""
+
+    model: str
+    engine: str
+    precision: str
+    max_batch_size: int
+    mode: Mode
+    gpu: str  # a GPU profile name, or "cpu"
+    max_input_len: int
+    max_output_len: int
+    tp: int = 1
+    pp: int = 1
+    options: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def name(self) -> str:
+        """The deployment folder's name, e.g. ``torch-bf16-bs8-tp1pp1-streaming``."""
+        return f"{self.engine}-{self.precision}-bs{self.max_batch_size}-tp{self.tp}pp{self.pp}-{self.mode}"
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.max_input_len + self.max_output_len
+
+    @property
+    def device(self) -> str:
+        return "cpu" if self.gpu == "cpu" else "cuda"
+
+    def as_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["options"] = dict(self.options)
+        return data
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """The typed context every template is rendered from (jinja2 sees these attributes).
+
+    Paths are the final ones inside the deployment folder, even while the build writes into a scratch folder.
+    """
+
+    point: BuildPoint
+    deployment_dir: Path
+    checkpoint_dir: Path  # the model's checkpoint root, as downloaded
+    llm_dir: Path  # the Hugging Face causal LM inside it (== checkpoint_dir for a plain LLM)
+    engine_dir: Path
+    model_repo_dir: Path
+    llm_model_name: str = "tensorrt_llm"
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def decoupled(self) -> bool:
+        return self.point.mode == "streaming"
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.point.max_batch_size
+
+
+class ModelSpec(ABC):
+    """A deployable model: the checkpoint it starts from, the Triton models it adds, the perf workload it brings.
+
+    Plugins subclass this and register an instance through the ``register_models`` hook. The core owns everything
+    else: download, the engine that serves the LLM contract, rendering, server and perf.
+    """
+
+    #: The name users type: ``trtdeploy build <name>``.
+    name: ClassVar[str]
+    #: One line for ``trtdeploy plugins``.
+    description: ClassVar[str] = ""
+    #: Hugging Face repo id downloaded when no ``--model-dir`` is given.
+    default_repo: ClassVar[str]
+    #: Where the Hugging Face causal LM sits inside the checkpoint ("" when the checkpoint is the LLM).
+    llm_subfolder: ClassVar[str] = ""
+    #: Folder whose subfolders are Triton models: ``<model>/config.pbtxt.j2`` plus ``<model>/1/*`` files.
+    templates_dir: ClassVar[Path]
+    #: Modes a deployment can be built in.
+    modes: ClassVar[tuple[Mode, ...]] = MODES
+    #: Limits used when the user gives none.
+    default_max_input_len: ClassVar[int] = 2048
+    default_max_output_len: ClassVar[int] = 1024
+    #: Model-specific settings (``-o key=value`` on ``build``): a dataclass whose fields have defaults.
+    Options: ClassVar[type | None] = None
+
+    def parse_options(self, raw: dict[str, str]) -> dict[str, Any]:
+        """Turn ``-o key=value`` strings into typed option values, rejecting unknown keys."""
+        if self.Options is None:
+            if raw:
+                raise UsageError(f"model {self.name!r} takes no -o options (got {', '.join(raw)})")
+            return {}
+        fields = {f.name: f for f in dataclasses.fields(self.Options)}
+        values: dict[str, Any] = {}
+        for key, text in raw.items():
+            if key not in fields:
+                known = ", ".join(sorted(fields)) or "none"
+                raise UsageError(f"unknown option {key!r} for model {self.name!r}", hint=f"known options: {known}")
+            values[key] = _coerce(key, text, fields[key].type)
+        return dataclasses.asdict(self.Options(**values))
+
+    @abstractmethod
+    def validate_checkpoint(self, checkpoint_dir: Path) -> None:
+        """Raise :class:`~trtdeploy.errors.UsageError` naming what is missing if the folder is not this model."""
+
+    @abstractmethod
+    def write_random_checkpoint(self, dest: Path, *, seed: int = 0) -> None:
+        """Write a small random-weight checkpoint of the real architecture in the real on-disk layout.
+
+        Used by tests and by the quickstart where the Hub cannot be reached.
+        """
+
+    @abstractmethod
+    def entry_model(self, mode: Mode) -> str:
+        """The Triton model a client calls in this mode."""
+
+    def template_context(self, ctx: BuildContext) -> dict[str, Any]:
+        """Extra variables for this model's templates (under the name ``model``)."""
+        return {}
+
+    @abstractmethod
+    def workload(self, deployment: Deployment) -> Workload:
+        """The perf workload: how a dataset row becomes a request and a response becomes a result."""
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _coerce(key: str, text: str, annotation: Any) -> Any:
+    kind = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    try:
+        if kind.startswith("bool"):
+            low = text.lower()
+            if low not in _TRUE | _FALSE:
+                raise ValueError(text)
+            return low in _TRUE
+        if kind.startswith("int"):
+            return int(text)
+        if kind.startswith("float"):
+            return float(text)
+    except ValueError:
+        raise UsageError(f"option {key}={text!r} is not a valid {kind}") from None
+    return text

@@ -1,0 +1,84 @@
+"""pytest fixtures for trtdeploy and its plugins' test suites (installed as the ``pytest11`` plugin ``trtdeploy``).
+
+They build real deployments from random-weight checkpoints in the real layout and serve them with the real
+tritonserver, on the CPU and without the Hub::
+
+    def test_my_model(trtdeploy_deploy, trtdeploy_serve):
+        deployment = trtdeploy_deploy("my_model", mode="offline")
+        server = trtdeploy_serve(deployment)   # started once per deployment, stopped at the end of the session
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from .deployment import Deployment
+    from .server import RunningServer
+
+
+@pytest.fixture(scope="session")
+def trtdeploy_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``checkpoint(model)``: a random-weight checkpoint written by the model's plugin (one per model and session)."""
+    from .plugins import get_model
+
+    made: dict[str, Path] = {}
+
+    def checkpoint(model: str) -> Path:
+        if model not in made:
+            dest = tmp_path_factory.mktemp(f"{model}-checkpoint") / "random"
+            get_model(model).write_random_checkpoint(dest)
+            made[model] = dest
+        return made[model]
+
+    return checkpoint
+
+
+@pytest.fixture(scope="session")
+def trtdeploy_deploy(
+    tmp_path_factory: pytest.TempPathFactory, trtdeploy_checkpoint: Callable[[str], Path]
+) -> Callable[..., Deployment]:
+    """``deploy(model, **build_options)``: a CPU deployment of the model's random checkpoint (cached per options)."""
+    from .build import BuildRequest, run
+
+    root = tmp_path_factory.mktemp("deployments")
+    built: dict[tuple[Any, ...], Deployment] = {}
+
+    def deploy(model: str, **options: Any) -> Deployment:
+        key = (model, tuple(sorted((k, repr(v)) for k, v in options.items())))
+        if key not in built:
+            options.setdefault("gpu", "cpu")
+            options.setdefault("max_batch_size", 4)
+            request = BuildRequest(model=model, model_dir=trtdeploy_checkpoint(model), output_root=root, **options)
+            built[key] = run(request).deployment
+        return built[key]
+
+    return deploy
+
+
+@pytest.fixture(scope="session")
+def trtdeploy_serve() -> Iterator[Callable[[Deployment], RunningServer]]:
+    """``serve(deployment)``: the real tritonserver on that deployment, started once and stopped after the session."""
+    from .server import launch
+
+    running: dict[Path, RunningServer] = {}
+
+    def serve(deployment: Deployment) -> RunningServer:
+        server = running.get(deployment.path)
+        if server is None or server.poll() is not None:
+            server = launch(
+                deployment.model_repo,
+                models=deployment.models,
+                log_file=deployment.logs_dir / f"tritonserver-{os.getpid()}.log",
+            )
+            running[deployment.path] = server
+        return server
+
+    yield serve
+    for server in running.values():
+        server.stop()

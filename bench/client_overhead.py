@@ -17,9 +17,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import csv
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -170,6 +174,32 @@ async def measure_perf(url: str, model: str, concurrency: int, requests: int, ch
     }
 
 
+def measure_perf_analyzer(binary: str, url: str, model: str, concurrency: int, chunks: int) -> dict[str, float]:
+    """perf_analyzer's own figures for the same model and concurrency (its 3-window stable measurement)."""
+    data = {"INPUT0": {"content": PAYLOAD.tolist(), "shape": list(PAYLOAD.shape)}}
+    if model != "echo":
+        data["CHUNKS"] = {"content": [chunks], "shape": [1]}
+    with tempfile.TemporaryDirectory() as tmp:
+        inputs, report_csv = Path(tmp) / "inputs.json", Path(tmp) / "pa.csv"
+        inputs.write_text(json.dumps({"data": [data]}))
+        command = [
+            binary, "-m", model, "-u", url, "-i", "grpc", "--concurrency-range", str(concurrency),
+            "--input-data", str(inputs), "--percentile=50", "-f", str(report_csv),
+            "--measurement-mode", "count_windows", "--measurement-request-count", "20000",
+            "--stability-percentage", "20", "--max-trials", "10",
+        ]  # fmt: skip
+        if model != "echo":
+            command.append("--streaming")
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"perf_analyzer exited {done.returncode}: {(done.stdout + done.stderr)[-2000:]}")
+        row = next(csv.DictReader(report_csv.open()))
+    found = {"req/s": float(row["Inferences/Second"]), "e2e_p50_ms": float(row["p50 latency"]) / 1000}
+    if "Response Throughput" in row:
+        found["chunks/s"] = float(row["Response Throughput"])
+    return found
+
+
 def pin(cpus: set[int]) -> None:
     os.sched_setaffinity(0, cpus)
 
@@ -180,6 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--chunks", type=int, default=8, help="responses per streamed request")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each client (the best is kept)")
+    parser.add_argument("--perf-analyzer", metavar="PATH", help="also measure with this perf_analyzer binary")
     args = parser.parse_args(argv)
 
     cpus = sorted(os.sched_getaffinity(0))
@@ -201,7 +232,17 @@ def main(argv: list[str] | None = None) -> None:
                         asyncio.run(measure_perf(server.grpc_url, model, concurrency, count, args.chunks))
                     )
                 rows.append((model, concurrency, results))
-    report(rows)
+        report(rows)
+        for model in ("echo", "echo_decoupled") if args.perf_analyzer else ():
+            try:
+                figures = measure_perf_analyzer(
+                    args.perf_analyzer, server.grpc_url, model, args.concurrency, args.chunks
+                )
+            except RuntimeError as exc:
+                print(f"perf_analyzer {model}: {exc}")
+                continue
+            summary = ", ".join(f"{key} {value:,.3f}" for key, value in figures.items())
+            print(f"perf_analyzer {model:<15} conc {args.concurrency}: {summary}")
 
 
 def report(rows: list) -> None:

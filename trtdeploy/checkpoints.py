@@ -92,6 +92,7 @@ def write_random_causal_lm(
     added_tokens: Sequence[str] = (),
     seed: int = 0,
     max_position_embeddings: int = 4096,
+    dtype: str = "float32",
 ) -> None:
     """Write config.json, model.safetensors, generation_config.json and a tokenizer for a random causal LM."""
     import torch
@@ -120,6 +121,6 @@ def write_random_causal_lm(
         architectures=[architecture],
     )
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config)
+    model = transformers.AutoModelForCausalLM.from_config(config).to(getattr(torch, dtype))
     transformers.utils.logging.disable_progress_bar()
     model.save_pretrained(str(dest), safe_serialization=True)

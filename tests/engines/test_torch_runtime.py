@@ -243,11 +243,38 @@ def test_output_len_is_capped_by_max_seq_len(generator):
     assert len(sink.tokens) == MAX_SEQ_LEN - 40
 
 
-def test_streaming_sends_each_new_token_then_a_final(generator, hf_model):
+def test_streaming_sends_new_tokens_then_a_final(generator, hf_model):
     prompt = prompts_of([5], seed=9)[0]
     sink = run_all(generator, [greedy(prompt, 6, streaming=True)])[0]
-    assert sink.streamed == [[token] for token in hf_greedy(hf_model, prompt, 6)]
-    assert sink.outputs is None and sink.finals == 1
+    assert [token for chunk in sink.streamed for token in chunk] == hf_greedy(hf_model, prompt, 6)
+    assert all(sink.streamed) and sink.outputs is None and sink.finals == 1
+
+
+def test_a_sender_that_falls_behind_merges_each_streams_tokens():
+    """Events queued while responses went out: one send per stream, its tokens in order, finals after them."""
+    from trtdeploy.engines.torch.runtime.generator import coalesce_tokens
+
+    class Sink:
+        def __init__(self):
+            self.calls = []
+
+        def send_tokens(self, tokens):
+            self.calls.append(("tokens", tokens))
+
+        def send_final(self, outputs):
+            self.calls.append(("final", outputs))
+
+    a, b = Sink(), Sink()
+    events = [
+        (a.send_tokens, ([1],), False), (b.send_tokens, ([7],), True), (a.send_tokens, ([2],), True),
+        (b.send_tokens, ([8],), True), (a.send_tokens, ([3],), True), (a.send_final, (None,), False),
+        (b.send_tokens, ([9],), True),
+    ]  # fmt: skip
+    for send, args, _ in coalesce_tokens(events):
+        send(*args)
+    assert a.calls == [("tokens", [1]), ("tokens", [2, 3]), ("final", None)]  # a's first token went out alone
+    assert b.calls == [("tokens", [7, 8, 9])]
+    assert events[1][1] == ([7],)  # the queued events themselves are left as they were
 
 
 def test_a_request_with_several_prompts_and_the_input_included(generator, hf_model):

@@ -1,0 +1,112 @@
+"""The torch engine served by Triton and loaded by `trtdeploy perf`: TTFT, ITL and output tokens/s per concurrency.
+
+Writes a random-weight Qwen2.5-0.5B-shaped checkpoint (no download), builds a streaming deployment with the torch
+engine, serves it on the bundled tritonserver and runs `trtdeploy perf` (synthetic prompts of exactly --isl tokens,
+exactly --osl output tokens) against the LLM contract model (``tensorrt_llm``: token ids in and out) and the text
+``ensemble`` (tokenizer and detokenizer around it). Prints TTFT p50, ITL p50 and output tokens/s per level, and ITL
+at concurrency 1 against the bandwidth bound (weight bytes / HBM bandwidth of a device-to-device copy).
+
+    python bench/torch_engine_serving.py [--concurrency 1,4,16,64] [--isl 128] [--osl 256] [--tiny]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import torch
+from torch_engine_decode import QWEN25_05B, TINY, hbm_bandwidth
+
+from trtdeploy.build import BuildRequest
+from trtdeploy.build import run as build
+from trtdeploy.checkpoints import TinyShape, write_random_causal_lm
+from trtdeploy.perf.runner import InputSpec, LoadSettings, PerfSettings, benchmark
+from trtdeploy.perf.workload import RequestOptions
+from trtdeploy.server import launch
+
+
+def weight_bytes(checkpoint: Path) -> int:
+    """Bytes of every tensor read per decode step (all weights; a tied embedding counts once)."""
+    from safetensors import safe_open
+
+    total = 0
+    for path in checkpoint.glob("*.safetensors"):
+        with safe_open(str(path), "pt") as handle:
+            for name in handle.keys():
+                tensor = handle.get_tensor(name)
+                total += tensor.numel() * tensor.element_size()
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", default="1,4,16,64")
+    parser.add_argument("--isl", type=int, default=128)
+    parser.add_argument("--osl", type=int, default=256)
+    parser.add_argument("--models", default="tensorrt_llm,ensemble")
+    parser.add_argument("--tiny", action="store_true", help="a 2-layer model, to try the script on a CPU")
+    parser.add_argument("--workdir", type=Path, default=None)
+    args = parser.parse_args()
+    levels = tuple(int(c) for c in args.concurrency.split(","))
+    shape = TINY if args.tiny else QWEN25_05B
+    cuda = torch.cuda.is_available()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="torch-serving-"))
+    checkpoint = work / "checkpoint"
+    if not checkpoint.is_dir():
+        fields = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+        tiny = TinyShape(**{k: shape[k] for k in fields}, num_key_value_heads=2, vocab_size=shape["vocab_size"])
+        write_random_causal_lm(checkpoint, shape=tiny, max_position_embeddings=32768, dtype="bfloat16")
+    deployment = build(
+        BuildRequest(
+            model="qwen_llm",
+            gpu=None if cuda else "cpu",
+            model_dir=checkpoint,
+            output_root=work / "deployments",
+            max_batch_size=max(levels),
+            max_input_len=args.isl,
+            max_output_len=args.osl,
+        )
+    ).deployment
+    bound_ms = None
+    if cuda:
+        bound_ms = weight_bytes(checkpoint) / hbm_bandwidth(torch.device("cuda")) * 1e3
+    rows = []
+    with launch(deployment.model_repo, models=deployment.models, log_file=work / "tritonserver.log") as server:
+        for model in args.models.split(","):
+            run = benchmark(
+                PerfSettings(
+                    deployment=deployment.path,
+                    url=server.grpc_url,
+                    metrics_url=server.metrics_url,
+                    model=model,
+                    load=LoadSettings(concurrency=levels),
+                    inputs=InputSpec(isl=args.isl, osl=args.osl),
+                    options=RequestOptions(ignore_eos=True),
+                    output_dir=work / "perf" / model,
+                    plots=False,
+                )
+            )
+            for level in run.summary["levels"]:
+                rows.append((model, level))
+    device = torch.cuda.get_device_name() if cuda else "CPU"
+    print(f"\n{device}, {deployment.point.precision}, isl {args.isl}, osl {args.osl}; reports in {work / 'perf'}")
+    print(
+        f"{'model':<13} {'conc':>4} {'reqs':>5} {'err':>3} {'TTFT p50':>9} {'ITL p50':>8} {'out tok/s':>10}"
+        f" {'client CPU':>10}"
+    )
+    for model, level in rows:
+        print(
+            f"{model:<13} {level['concurrency']:>4} {level['requests']:>5} {level['errors']:>3}"
+            f" {level['ttft_ms']['p50']:>7.2f}ms {level['itl_ms']['p50']:>6.3f}ms"
+            f" {level['output_token_throughput']:>10,.0f} {level['client_cpu_utilization']:>10.0%}"
+        )
+    if bound_ms is not None:
+        print(f"bandwidth bound {bound_ms:.3f} ms/token (weights / copy bandwidth)")
+        for model, level in rows:
+            if level["concurrency"] == 1:
+                print(f"{model}: ITL p50 at concurrency 1 = {level['itl_ms']['p50'] / bound_ms:.1f} x the bound")
+
+
+if __name__ == "__main__":
+    main()

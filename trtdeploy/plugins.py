@@ -131,20 +131,19 @@ def get_engines() -> dict[str, Engine]:
     return {name: engine for name, (engine, _) in sorted(_engines().items())}
 
 
+def _lookup(registry: dict[str, Any], kind: str, name: str) -> Any:
+    if name not in registry:
+        known = ", ".join(registry) or "none installed"
+        raise NotFoundError(f"unknown {kind} {name!r}", hint=f"installed {kind}s: {known} (see `trtdeploy plugins`)")
+    return registry[name]
+
+
 def get_model(name: str) -> ModelSpec:
-    models = get_models()
-    if name not in models:
-        known = ", ".join(models) or "none installed"
-        raise NotFoundError(f"unknown model {name!r}", hint=f"installed models: {known} (see `trtdeploy plugins`)")
-    return models[name]
+    return _lookup(get_models(), "model", name)
 
 
 def get_engine(name: str) -> Engine:
-    engines = get_engines()
-    if name not in engines:
-        known = ", ".join(engines) or "none installed"
-        raise NotFoundError(f"unknown engine {name!r}", hint=f"installed engines: {known}")
-    return engines[name]
+    return _lookup(get_engines(), "engine", name)
 
 
 def _version_of(plugin: ModuleType | Any, name: str) -> str | None:

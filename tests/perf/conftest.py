@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from ..manifests import write_manifest
+
 MODELS = Path(__file__).parent / "models"
 
 _TEXT_CONFIG = """
@@ -135,28 +137,8 @@ def make_deployment(tmp_path: Path, tiny_tokenizer: Path) -> Callable[..., Path]
         path.mkdir(parents=True)
         models = list(models)
         write_fake_repo(path / "model_repo", models)
-        point = {
-            "model": model,
-            "engine": "torch",
-            "precision": "fp32",
-            "max_batch_size": 8,
-            "mode": mode,
-            "gpu": "cpu",
-            "max_input_len": 256,
-            "max_output_len": 64,
-            "tp": 1,
-            "pp": 1,
-            "options": {},
-        }
-        manifest = {
-            "status": "complete",
-            "point": point,
-            "entry_model": entry_model,
-            "llm_model_name": "tensorrt_llm",
-            "triton_models": models,
-            "paths": {"checkpoint": str(tiny_tokenizer), "llm": str(tiny_tokenizer)},
-        }
-        (path / "manifest.json").write_text(json.dumps(manifest))
-        return path
+        return write_manifest(
+            path, models=models, entry_model=entry_model, model=model, mode=mode, llm_dir=tiny_tokenizer
+        )
 
     return make

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -10,6 +9,10 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+
+from trtdeploy.server._process import _proc_stat
+
+from ..manifests import write_manifest
 
 ECHO_MODEL = """
 import ssl  # an extension module of the serving interpreter: its own libpython must be the one loaded
@@ -77,32 +80,9 @@ def write_repo(repo: Path, *models: str) -> Path:
 def write_deployment(path: Path, *models: str, status: str = "complete", tp: int = 1) -> Path:
     """A deployment folder as ``trtdeploy build`` leaves it: manifest.json plus model_repo/."""
     write_repo(path / "model_repo", *models)
-    point = {
-        "model": "echo_model",
-        "engine": "torch",
-        "precision": "fp32",
-        "max_batch_size": 1,
-        "mode": "offline",
-        "gpu": "cpu",
-        "max_input_len": 16,
-        "max_output_len": 16,
-        "tp": tp,
-        "pp": 1,
-        "options": {},
-    }
-    manifest = {
-        "schema": 1,
-        "status": status,
-        "point": point,
-        "entry_model": models[0],
-        "triton_models": list(models),
-        "llm_model_name": "tensorrt_llm",
-        "paths": {"checkpoint": str(path / "checkpoint"), "llm": str(path / "checkpoint")},
-    }
-    if status != "complete":
-        manifest["error"] = "trtllm-build exited with status 1"
-    (path / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    return path
+    return write_manifest(
+        path, models=list(models), entry_model=models[0], model="echo_model", status=status, tp=tp, max_batch_size=1
+    )
 
 
 def port_free(port: int) -> bool:
@@ -113,14 +93,6 @@ def port_free(port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def _stat(pid: int) -> list[str] | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text[text.rfind(")") + 2 :].split()
 
 
 def _cmdline(pid: int) -> str:
@@ -135,7 +107,7 @@ def live_processes() -> dict[int, list[str]]:
     found = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            fields = _stat(int(entry))
+            fields = _proc_stat(int(entry))
             if fields is not None and fields[0] not in ("Z", "X"):
                 found[int(entry)] = fields
     return found

@@ -39,6 +39,7 @@ def test_build_writes_a_complete_validated_deployment(qwen_checkpoint, tmp_path)
     assert "decoupled: true" in (deployment.model_repo / "tensorrt_llm" / "config.pbtxt").read_text()
     assert (deployment.path / "checkpoint").resolve() == qwen_checkpoint.resolve()
     assert find_latest(tmp_path).path == deployment.path
+    assert deployment.path.stat().st_mode & 0o055  # readable by others (umask permitting), like any folder
 
 
 def test_an_unchanged_point_is_not_rebuilt_and_force_rebuilds(qwen_checkpoint, tmp_path):
@@ -119,6 +120,10 @@ def test_an_interrupted_build_is_marked_failed(qwen_checkpoint, tmp_path, monkey
         ({"options": {"colour": "red"}}, UsageError, "unknown option 'colour'"),
         ({"options": {"chat_template": "maybe"}}, UsageError, "not a valid bool"),
         ({"gpu": "V100"}, UsageError, "unknown GPU 'V100'"),
+        ({"max_input_len": 0}, UsageError, "must be >= 1"),
+        ({"revision": "v2"}, UsageError, "--revision picks what to download"),
+        ({"options": {"preprocessing_instances": "0"}}, UsageError, "preprocessing_instances must be >= 1"),
+        ({"output_root": Path("/proc/no/such/folder")}, UsageError, "cannot write deployments under"),
     ],
 )
 def test_bad_requests_are_rejected_before_anything_runs(qwen_checkpoint, tmp_path, changes, error, message):
@@ -142,3 +147,12 @@ def test_hub_unreachable_points_to_model_dir(tmp_path):
     result = run_cli("build", "qwen_llm", "--gpu", "cpu", cwd=tmp_path)
     assert result.returncode == 7
     assert result.stderr.count("\n") <= 3 and "Error: cannot download Qwen/Qwen2.5-0.5B-Instruct" in result.stderr
+
+
+def test_a_damaged_manifest_is_refused(qwen_checkpoint, tmp_path):
+    deployment = build.run(request(qwen_checkpoint, tmp_path)).deployment
+    manifest = dict(deployment.manifest)
+    del manifest["triton_models"]
+    (deployment.path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BuildError, match="is damaged \\(KeyError"):
+        Deployment.load(deployment.path)

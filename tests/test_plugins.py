@@ -145,21 +145,34 @@ def test_plugins_command_lists_versions_models_and_hooks():
     assert listed["trtdeploy.engines.torch"]["engines"] == ["torch"]
 
 
-def test_a_broken_plugin_is_named_and_the_others_still_load(tmp_path):
-    """A plugin whose import fails gets a one-line warning; qwen_llm and the built-ins keep working."""
+BROKEN_PLUGINS = {
+    "import": ("raise RuntimeError('boom at import')", "boom at import"),
+    "hook typo": ("@trtdeploy.hookimpl\ndef register_modles(register): pass", "register_modles"),
+    "argument name": ("@trtdeploy.hookimpl\ndef register_models(reg): pass", "reg"),
+    "hook raises": ("@trtdeploy.hookimpl\ndef register_models(register): raise RuntimeError('boom')", "boom"),
+    "command hook raises": ("@trtdeploy.hookimpl\ndef register_commands(app): raise RuntimeError('boom')", "boom"),
+}
+
+
+@pytest.mark.parametrize("kind", BROKEN_PLUGINS)
+def test_a_broken_plugin_is_named_and_the_others_still_work(tmp_path, kind):
+    """A plugin that fails to import, to register or in its hook gets a one-line warning; the rest keeps working."""
+    source, reason = BROKEN_PLUGINS[kind]
     dist = tmp_path / "broken_plugin-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text("[trtdeploy]\nbroken = broken_plugin_module\n")
-    (tmp_path / "broken_plugin_module.py").write_text(textwrap.dedent("raise RuntimeError('boom at import')\n"))
+    (tmp_path / "broken_plugin_module.py").write_text("import trtdeploy\n" + textwrap.dedent(source) + "\n")
     import os
 
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
     result = run_cli("plugins", env=env)
     assert result.returncode == 0, result.stderr
-    assert "plugin 'broken' failed to load" in result.stderr
-    assert "boom at import" in result.stderr
+    assert "Warning: plugin 'broken' failed to load" in result.stderr and reason in result.stderr
+    assert "Traceback" not in result.stderr
     assert "qwen_llm" in result.stdout
+    planned = run_cli("build", "qwen_llm", "--gpu", "cpu", "--dry-run", "--json", env=env, cwd=tmp_path)
+    assert planned.returncode == 0, planned.stderr
 
 
 def test_load_plugins_allow_list(tmp_path):

@@ -6,7 +6,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-_TRUE = {"1", "true", "yes", "on"}
+#: Spellings of true and false in config parameters and ``-o`` options.
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off"})
 
 
 class ModelParameters:
@@ -31,7 +33,7 @@ class ModelParameters:
         return float(self.str(key, None if default is None else str(default)))
 
     def bool(self, key: str, default: bool | None = None) -> bool:
-        return self.str(key, None if default is None else str(default)).lower() in _TRUE
+        return self.str(key, None if default is None else str(default)).lower() in TRUE_WORDS
 
 
 def optional_scalar(request: Any, name: str, default: Any = None) -> Any:
@@ -46,7 +48,7 @@ def optional_scalar(request: Any, name: str, default: Any = None) -> Any:
 
 
 def decode_text(request: Any, name: str) -> str:
-    """A BYTES input as text; raises ValueError naming the tensor when it is missing, not UTF-8, or empty."""
+    """A BYTES input as text; raises ValueError naming the tensor when it is missing or not UTF-8."""
     import triton_python_backend_utils as pb_utils
 
     tensor = pb_utils.get_input_tensor_by_name(request, name)

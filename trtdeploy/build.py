@@ -26,6 +26,7 @@ from .download import Checkpoint, download, local_checkpoint
 from .engines.base import BuildStep, Engine
 from .errors import BuildError, UsageError
 from .repo import TemplateSource, render_repository, template_models
+from .server._process import process_alive
 from .spec import MODES, BuildContext, BuildPoint, Mode, ModelSpec
 
 LLM_TEMPLATE = "tensorrt_llm"
@@ -126,10 +127,12 @@ def plan(request: BuildRequest) -> Plan:
             f"engine {engine.name!r} cannot build precision {precision!r}",
             hint=f"precisions: {', '.join(engine.precisions)}",
         )
-    max_input_len = request.max_input_len or spec.default_max_input_len
-    max_output_len = request.max_output_len or spec.default_max_output_len
+    max_input_len = spec.default_max_input_len if request.max_input_len is None else request.max_input_len
+    max_output_len = spec.default_max_output_len if request.max_output_len is None else request.max_output_len
     if max_input_len < 1 or max_output_len < 1:
         raise UsageError("--max-input-len and --max-output-len must be >= 1")
+    if request.model_dir is not None and request.revision is not None:
+        raise UsageError("--revision picks what to download; it cannot go with --model-dir (a local folder)")
     options = spec.parse_options(request.options)
     point = BuildPoint(
         model=spec.name,
@@ -237,9 +240,18 @@ def run(request: BuildRequest, *, force: bool = False, on_step: Callable[[str], 
     final = built.deployment_dir
     if not force and _is_up_to_date(final, digest):
         return BuildResult(Deployment.load(final), up_to_date=True)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_scratch(final)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{final.name}.building-{os.getpid()}-", dir=final.parent))
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_scratch(final)
+        scratch = Path(tempfile.mkdtemp(prefix=f".{final.name}.building-{os.getpid()}-", dir=final.parent))
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write deployments under {final.parent} ({exc.strerror or exc})",
+            hint="pass a writable --output-dir",
+        ) from None
+    umask = os.umask(0)
+    os.umask(umask)
+    scratch.chmod(0o777 & ~umask)  # mkdtemp makes it private; a deployment is shared like any folder
     manifest = _manifest(built, digest)
     try:
         _execute(built, scratch, manifest, on_step)
@@ -276,18 +288,8 @@ def _remove_stale_scratch(final: Path) -> None:
     """Scratch folders of builds whose process is gone (killed, power loss) are removed."""
     for scratch in final.parent.glob(f".{final.name}.building-*"):
         pid_text = scratch.name.split(".building-")[1].split("-")[0]
-        if pid_text.isdigit() and not _pid_alive(int(pid_text)):
+        if pid_text.isdigit() and not process_alive(int(pid_text)):
             shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _manifest(built: Plan, digest: str) -> dict[str, Any]:
@@ -331,10 +333,16 @@ def _execute(built: Plan, scratch: Path, manifest: dict[str, Any], on_step: Call
             raise BuildError(f"build step {step.name!r} failed (exit code {record['returncode']})", details=tail)
     on_step("render model repository")
     render_started = time.monotonic()
-    render_repository(built.templates, scratch / "model_repo")
-    manifest["steps"].append(
-        {"name": "render", "returncode": 0, "duration_s": round(time.monotonic() - render_started, 3)}
-    )
+    record = {"name": "render", "returncode": 0, "log": "logs/render.log"}
+    try:
+        configs = render_repository(built.templates, scratch / "model_repo")
+        (logs / "render.log").write_text("".join(f"{path} validated\n" for path in configs.values()))
+    except BuildError as exc:
+        (logs / "render.log").write_text(exc.message + "\n")
+        record["returncode"] = 1
+        raise
+    finally:
+        manifest["steps"].append({**record, "duration_s": round(time.monotonic() - render_started, 3)})
     manifest["status"] = COMPLETE
     manifest["duration_s"] = round(time.monotonic() - started, 3)
     _write_manifest(scratch, manifest)

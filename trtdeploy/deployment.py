@@ -50,7 +50,15 @@ class Deployment:
                 f"deployment {path} is not a complete build (status {status!r}: {reason})",
                 hint=f"see its logs in {path / 'logs'}, then rerun `trtdeploy build ... --force`",
             )
-        return cls(path=path.resolve(), manifest=manifest)
+        deployment = cls(path=path.resolve(), manifest=manifest)
+        try:  # everything serve and perf read, read once here: a damaged manifest is refused as a whole
+            deployment.point, deployment.entry_model, deployment.models, deployment.llm_dir  # noqa: B018
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BuildError(
+                f"{manifest_path} is damaged ({type(exc).__name__}: {exc})",
+                hint="rebuild with `trtdeploy build ... --force`",
+            ) from None
+        return deployment
 
     @cached_property
     def point(self) -> BuildPoint:
@@ -101,7 +109,7 @@ class Deployment:
 
 
 def iter_manifests(root: Path) -> list[Path]:
-    """Every manifest.json at most three folders below ``root`` (``deployments/<model>/<point>/``)."""
+    """Every manifest.json in ``root`` or up to four folders below it (``deployments/<model>/<point>/``)."""
     found: list[Path] = []
     for depth in ("*", "*/*", "*/*/*", "*/*/*/*"):
         found.extend(root.glob(f"{depth}/{MANIFEST}") if depth != "*" else root.glob(MANIFEST))

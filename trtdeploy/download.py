@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import NetworkError, NotFoundError, UsageError
+
+if TYPE_CHECKING:
+    from .spec import ModelSpec
 
 #: Files that never matter for serving and only cost download time.
 IGNORE_PATTERNS = ("*.pth", "*.pt", "*.onnx", "*.msgpack", "*.h5", "original/*", ".gitattributes")
@@ -67,7 +72,7 @@ def download(repo_id: str, *, revision: str | None = None, local_dir: Path | Non
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise NetworkError(
             f"cannot download {repo_id} from the Hugging Face Hub ({reason})",
-            hint="copy the checkpoint to this machine and pass --model-dir PATH",
+            hint="download it where the Hub is reachable, copy the folder here, and build with --model-dir PATH",
         ) from None
     return Checkpoint(Path(path).resolve(), repo_id=repo_id, revision=revision)
 
@@ -78,3 +83,23 @@ def local_checkpoint(path: Path) -> Checkpoint:
     if not path.is_dir():
         raise NotFoundError(f"--model-dir {path} is not a folder")
     return Checkpoint(path.resolve())
+
+
+def write_random(spec: ModelSpec, dest: Path) -> Checkpoint:
+    """Write ``spec``'s random-weight checkpoint into ``dest`` (new or empty), all at once or not at all."""
+    dest = dest.expanduser()
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise UsageError(f"{dest} is not an empty folder", hint="pass a new or empty folder")
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    except OSError as exc:
+        raise UsageError(f"cannot write into {dest.parent} ({exc.strerror or exc})") from None
+    try:
+        spec.write_random_checkpoint(scratch / "checkpoint")
+        if dest.exists():
+            dest.rmdir()
+        (scratch / "checkpoint").rename(dest)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return Checkpoint(dest.resolve())

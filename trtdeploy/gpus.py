@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -69,26 +70,39 @@ def lookup(name: str) -> GpuProfile:
     raise UsageError(f"unknown GPU {name!r}", hint=f"known GPUs: {', '.join(PROFILES)}, auto or cpu")
 
 
+def profile_for(product: str, memory_mib: int, compute_capability: tuple[int, int]) -> GpuProfile:
+    """The profile of a GPU as nvidia-smi names it; a GPU without one gets a profile of its own measurements."""
+    for profile in PROFILES.values():
+        # an alias counts only as a whole word: "L4" is not "L40S", "A10" not "A10G"
+        if any(
+            re.search(rf"(?<![A-Z0-9]){re.escape(alias.upper())}(?![A-Z0-9])", product.upper())
+            for alias in profile.aliases
+        ):
+            return profile
+    name = re.sub(r"[^A-Za-z0-9]+", "-", product.removeprefix("NVIDIA ")).strip("-")
+    return GpuProfile(name, compute_capability, round(memory_mib / 1024))
+
+
 def detect() -> GpuSelection | None:
     """The local GPUs as nvidia-smi reports them, or None when there is no NVIDIA GPU."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None
+    query = ["--query-gpu=name,memory.total,compute_cap", "--format=csv,noheader,nounits"]
     try:
-        names = subprocess.run(
-            [smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=20, check=True
-        ).stdout.splitlines()
+        rows = subprocess.run([smi, *query], capture_output=True, text=True, timeout=20, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    names = [n.strip() for n in names if n.strip()]
-    if not names:
+    gpus = [[field.strip() for field in row.split(",")] for row in rows.splitlines() if row.strip()]
+    if not gpus:
         return None
-    product = names[0]
-    # the longest alias wins, so "A10G" is not taken for "A10"
-    matches = [(len(a), p) for p in PROFILES.values() for a in p.aliases if a.upper() in product.upper()]
-    if not matches:
-        raise UsageError(f"nvidia-smi reports {product!r}, which has no profile", hint="pass --gpu NAME explicitly")
-    return GpuSelection(max(matches, key=lambda m: m[0])[1], len(names))
+    product, memory, capability = gpus[0][:3]
+    try:
+        major, minor = (int(part) for part in capability.split("."))
+        profile = profile_for(product, int(float(memory)), (major, minor))
+    except ValueError:
+        raise UsageError(f"cannot read nvidia-smi's report {gpus[0]}", hint="pass --gpu NAME explicitly") from None
+    return GpuSelection(profile, len(gpus))
 
 
 def resolve(value: str | None) -> GpuSelection:

@@ -7,6 +7,7 @@ import importlib.metadata
 import os
 import sys
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from types import ModuleType
@@ -69,19 +70,15 @@ def load_plugins() -> None:
         if pm.has_plugin(entry_point.name) or pm.is_blocked(entry_point.name):
             continue
         try:
-            plugin = entry_point.load()
+            pm.register(entry_point.load(), name=entry_point.name)
+            pm.check_pending()  # a hook name no spec knows (a typo) is this plugin's error
         except Exception as exc:  # a broken plugin must not take the others down
-            _failed[entry_point.name] = f"{type(exc).__name__}: {exc}"
-            warnings.warn(
-                f"plugin {entry_point.name!r} failed to load and is skipped ({type(exc).__name__}: {exc})",
-                PluginLoadWarning,
-                stacklevel=2,
-            )
+            if pm.has_plugin(entry_point.name):
+                pm.unregister(name=entry_point.name)
+            _skip(entry_point.name, exc)
             continue
-        pm.register(plugin, name=entry_point.name)
         if entry_point.dist is not None:
             _versions[entry_point.name] = entry_point.dist.version
-    pm.check_pending()
     if os.environ.get("TRTDEPLOY_TRACE_PLUGINS"):
         pm.trace.root.setwriter(lambda text: sys.stderr.write(text))
         pm.enable_tracing()
@@ -90,26 +87,51 @@ def load_plugins() -> None:
 _versions: dict[str, str] = {}
 
 
+def _skip(name: str, exc: Exception) -> None:
+    _failed[name] = f"{type(exc).__name__}: {exc}"
+    warnings.warn(f"plugin {name!r} failed to load and is skipped ({_failed[name]})", PluginLoadWarning, stacklevel=3)
+
+
 def failed_plugins() -> dict[str, str]:
-    """Plugins whose import failed, with the error."""
+    """Plugins that failed to load or to register, with the error."""
     load_plugins()
     return dict(_failed)
 
 
-def _collect(hook_name: str, kind: str) -> dict[str, tuple[Any, str]]:
+def _each_plugin(hook_name: str) -> Iterator[tuple[str, Callable[..., Any]]]:
+    """Each plugin implementing a hook, with a caller of its implementation alone (through pluggy: traced)."""
     load_plugins()
-    found: dict[str, tuple[Any, str]] = {}
-    hook = getattr(pm.hook, hook_name)
-    for impl in hook.get_hookimpls():
-        owner = pm.get_name(impl.plugin) or repr(impl.plugin)
+    for impl in getattr(pm.hook, hook_name).get_hookimpls():
+        others = [plugin for plugin in pm.get_plugins() if plugin is not impl.plugin]
+        yield pm.get_name(impl.plugin) or repr(impl.plugin), pm.subset_hook_caller(hook_name, remove_plugins=others)
 
-        def register(obj: Any, owner: str = owner) -> None:
-            name = obj.name
-            if name in found and found[name][1] != owner:
+
+def call_each(hook_name: str, **kwargs: Any) -> None:
+    """Call a hook on every plugin; one whose implementation raises is skipped with a warning."""
+    for owner, caller in _each_plugin(hook_name):
+        try:
+            caller(**kwargs)
+        except Exception as exc:
+            _skip(owner, exc)
+
+
+def _collect(hook_name: str, kind: str) -> dict[str, tuple[Any, str]]:
+    """Call a ``register_*`` hook plugin by plugin, noting who registered what.
+
+    A plugin whose hook raises is skipped with a warning; two plugins registering one name is an error.
+    """
+    found: dict[str, tuple[Any, str]] = {}
+    for owner, caller in _each_plugin(hook_name):
+        registered: dict[str, Any] = {}
+        try:
+            caller(register=lambda obj, registered=registered: registered.update({obj.name: obj}))
+        except Exception as exc:
+            _skip(owner, exc)
+            continue
+        for name, obj in registered.items():
+            if name in found:
                 raise UsageError(f"{kind} {name!r} is registered by both {found[name][1]!r} and {owner!r}")
             found[name] = (obj, owner)
-
-        impl.function(register=register)
     return found
 
 

@@ -6,15 +6,13 @@ result says so.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import build
 from .deployment import Deployment
-from .download import download
+from .download import download, write_random
 from .errors import NetworkError
 from .plugins import get_model
 
@@ -36,25 +34,11 @@ class QuickstartResult:
     perf: object  # trtdeploy.perf.runner.PerfRun
 
 
-def random_checkpoint(model: str, root: Path) -> Path:
-    """A random-weight checkpoint of ``model`` under ``root``, written once (atomically) and then reused."""
-    dest = root / "checkpoints" / f"{model}-random-weights"
-    if not dest.is_dir():
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
-        try:
-            get_model(model).write_random_checkpoint(scratch / "checkpoint")
-            (scratch / "checkpoint").rename(dest)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-    return dest
-
-
 def run(settings: QuickstartSettings, *, say: Callable[[str], None], progress: object = None) -> QuickstartResult:
     """Run every stage; ``say`` gets one line per stage (and the one line about random weights, if it comes to that)."""
     from .perf.runner import InputSpec, LoadSettings, PerfSettings, benchmark
     from .perf.workload import RequestOptions
-    from .server import launch
+    from .server import serve_deployment, stop_signals_as_interrupt
 
     spec = get_model(settings.model)
     root = settings.root.resolve()
@@ -64,7 +48,9 @@ def run(settings: QuickstartSettings, *, say: Callable[[str], None], progress: o
         random_weights = False
     except NetworkError:
         say("    the Hub is unreachable: every stage runs on random weights in the same layout (outputs are noise)")
-        checkpoint = random_checkpoint(spec.name, root)
+        checkpoint = root / "checkpoints" / f"{spec.name}-random-weights"
+        if not checkpoint.is_dir():  # written once, then reused
+            write_random(spec, checkpoint)
         random_weights = True
     say("2/4 build: torch engine, streaming")
     built = build.run(
@@ -79,7 +65,8 @@ def run(settings: QuickstartSettings, *, say: Callable[[str], None], progress: o
         )
     ).deployment
     say(f"3/4 serve: {built.path}")
-    with launch(built.model_repo, models=built.models, log_file=built.logs_dir / "tritonserver.log") as server:
+    # recorded like any served deployment (`trtdeploy stop` finds it); SIGTERM stops it as Ctrl-C does
+    with stop_signals_as_interrupt(), serve_deployment(built)[0] as server:
         say(f"4/4 perf: concurrency {','.join(map(str, settings.concurrency))} against {server.grpc_url}")
         perf = benchmark(
             PerfSettings(

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from .backend_utils import FALSE_WORDS, TRUE_WORDS
 from .errors import UsageError
 
 if TYPE_CHECKING:
@@ -120,7 +121,10 @@ class ModelSpec(ABC):
                 known = ", ".join(sorted(fields)) or "none"
                 raise UsageError(f"unknown option {key!r} for model {self.name!r}", hint=f"known options: {known}")
             values[key] = _coerce(key, text, fields[key].type)
-        return dataclasses.asdict(self.Options(**values))
+        try:
+            return dataclasses.asdict(self.Options(**values))
+        except ValueError as exc:  # the Options' own checks (__post_init__)
+            raise UsageError(f"model {self.name!r}: {exc}") from None
 
     @abstractmethod
     def validate_checkpoint(self, checkpoint_dir: Path) -> None:
@@ -146,18 +150,14 @@ class ModelSpec(ABC):
         """The perf workload: how a dataset row becomes a request and a response becomes a result."""
 
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
 def _coerce(key: str, text: str, annotation: Any) -> Any:
     kind = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
     try:
         if kind.startswith("bool"):
             low = text.lower()
-            if low not in _TRUE | _FALSE:
+            if low not in TRUE_WORDS | FALSE_WORDS:
                 raise ValueError(text)
-            return low in _TRUE
+            return low in TRUE_WORDS
         if kind.startswith("int"):
             return int(text)
         if kind.startswith("float"):

@@ -90,3 +90,14 @@ def test_stop_by_port_only_stops_that_server(state_dir: Path) -> None:
         for proc in sleepers:
             proc.kill()
             proc.wait()
+
+
+def test_an_unwritable_state_folder_is_refused_before_the_server_starts(tmp_path, monkeypatch):
+    from trtdeploy.server._state import writable_servers_dir
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("TRTDEPLOY_STATE_DIR", str(blocker))
+    with pytest.raises(ServerError, match="cannot write server records") as info:
+        writable_servers_dir()
+    assert "TRTDEPLOY_STATE_DIR" in info.value.hint

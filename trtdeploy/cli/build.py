@@ -17,7 +17,9 @@ from ._output import emit_json, err, out
 def build(
     model: ModelArg,
     *,
-    engine: Annotated[str, typer.Option(help="Engine serving the LLM: torch, trtllm, trtllm_pytorch.")] = "torch",
+    engine: Annotated[
+        str, typer.Option(help="Engine serving the LLM (installed ones: `trtdeploy plugins`).")
+    ] = "torch",
     gpu: Annotated[
         str | None, typer.Option(help="Target GPU profile (L4, H100, ... with optional :COUNT), auto or cpu.")
     ] = None,

@@ -39,10 +39,9 @@ def download(
     if random_weights:
         if local_dir is None:
             raise UsageError("--random-weights needs --local-dir to write into")
-        if local_dir.exists() and any(local_dir.iterdir()):
-            raise UsageError(f"{local_dir} is not empty", hint="pass an empty or new folder")
-        spec.write_random_checkpoint(local_dir)
-        path, source = local_dir.resolve(), "random weights"
+        if revision is not None or repo_id is not None:
+            raise UsageError("--random-weights writes a checkpoint; --revision and --repo-id pick a download")
+        path, source = hub.write_random(spec, local_dir).path, "random weights"
     else:
         repo = repo_id or spec.default_repo
         err.print(f"Downloading [bold]{repo}[/] ...")

@@ -54,15 +54,26 @@ def create_app() -> typer.Typer:
     for module_name, command in COMMANDS:
         module = importlib.import_module(f"{__package__}.{module_name}")
         app.command(name=command)(getattr(module, module_name))
-    from ..plugins import PluginLoadWarning, load_plugins, pm
+    from ..plugins import call_each
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", PluginLoadWarning)
-        load_plugins()
-    for warning in caught:  # a broken plugin: one line, and the others still work
-        err.print(f"[yellow]Warning:[/] {warning.message}", soft_wrap=True)
-    pm.hook.register_commands(app=app)
+    call_each("register_commands", app=app)
     return app
+
+
+def _show_plugin_warnings_as_lines() -> None:
+    """A broken plugin is one line on stderr (whenever it shows up), not a Python warning with a source line."""
+    from ..plugins import PluginLoadWarning
+
+    original = warnings.showwarning
+
+    def show(message, category, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if issubclass(category, PluginLoadWarning):
+            err.print(f"[yellow]Warning:[/] {message}", soft_wrap=True)
+        else:
+            original(message, category, *args, **kwargs)
+
+    warnings.showwarning = show
+    warnings.simplefilter("always", PluginLoadWarning)
 
 
 def report(exc: TrtDeployError) -> None:
@@ -76,6 +87,7 @@ def report(exc: TrtDeployError) -> None:
 
 def main(argv: list[str] | None = None) -> NoReturn:
     """Console-script entry point."""
+    _show_plugin_warnings_as_lines()
     try:
         app = create_app()
         app(args=argv, prog_name="trtdeploy")

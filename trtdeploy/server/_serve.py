@@ -12,7 +12,7 @@ from types import FrameType
 from ..deployment import Deployment
 from ..errors import ServerError, UsageError
 from ._process import RunningServer, launch
-from ._state import ServerInfo, register
+from ._state import ServerInfo, register, writable_servers_dir
 
 LOG_NAME = "tritonserver.log"
 
@@ -39,6 +39,7 @@ def serve_deployment(
             "multi-GPU serving arrives with the trtllm engine",
             hint="serve a deployment built for one GPU (tp=1, pp=1)",
         )
+    writable_servers_dir()
     extra = [f"--log-verbose={log_verbose}"] if log_verbose else []
     server = launch(
         deployment.model_repo,

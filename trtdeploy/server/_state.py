@@ -30,6 +30,21 @@ def servers_dir() -> Path:
     return state_dir() / "servers"
 
 
+def writable_servers_dir() -> Path:
+    """The servers' record folder, created if need be; checked before a server starts, not after."""
+    folder = servers_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-")
+        probe.close()
+    except OSError as exc:
+        raise ServerError(
+            f"cannot write server records in {folder} ({exc.strerror or exc})",
+            hint="set TRTDEPLOY_STATE_DIR to a writable folder",
+        ) from None
+    return folder
+
+
 @dataclass(frozen=True)
 class ServerInfo:
     """A server as ``perf`` and ``stop`` see it: a state file of one trtdeploy started, or a URL given by hand."""
@@ -110,7 +125,7 @@ def register(
     background: bool = False,
 ) -> ServerInfo:
     """Write the state file of a server :func:`launch` started; ``server.stop()`` removes it again."""
-    path = servers_dir() / f"{server.grpc_port}.json"
+    path = writable_servers_dir() / f"{server.grpc_port}.json"
     info = ServerInfo(
         http_port=server.http_port,
         grpc_port=server.grpc_port,
@@ -128,7 +143,6 @@ def register(
         shm_prefix=server.shm_prefix,
         state_file=path,
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
     with os.fdopen(fd, "w") as fh:
         json.dump(info.to_dict(), fh, indent=2)

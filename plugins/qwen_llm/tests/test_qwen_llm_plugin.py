@@ -31,7 +31,7 @@ def test_validate_checkpoint_names_what_is_wrong(spec, trtdeploy_checkpoint, tmp
     shutil.copytree(good, llama)
     config = json.loads((llama / "config.json").read_text())
     (llama / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForCausalLM"]}))
-    with pytest.raises(UsageError, match="is a LlamaForCausalLM, not one of Qwen2ForCausalLM"):
+    with pytest.raises(UsageError, match="is a LlamaForCausalLM, not one of Qwen2ForCausalLM, Qwen3ForCausalLM"):
         spec.validate_checkpoint(llama)
 
 

@@ -1,4 +1,4 @@
-"""trtdeploy plugin for Qwen2/Qwen2.5 LLMs: text in, text out, through a TRT-LLM-style ensemble.
+"""trtdeploy plugin for Qwen2, Qwen2.5 and Qwen3 LLMs: text in, text out, through a TRT-LLM-style ensemble.
 
 The deployment is ``preprocessing`` (tokenizer) → ``tensorrt_llm`` (the engine, provided by the core) →
 ``postprocessing`` (detokenizer), joined as ``ensemble``: the same tensors as tensorrtllm_backend's
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 #: Architectures this plugin deploys (the engine decides what it can serve).
-ARCHITECTURES = ("Qwen2ForCausalLM",)
+ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
 REQUIRED_FILES = ("config.json", "tokenizer_config.json")
 
 
@@ -38,10 +38,15 @@ class QwenOptions:
     preprocessing_instances: int = 1
     postprocessing_instances: int = 1
 
+    def __post_init__(self) -> None:
+        for name in ("preprocessing_instances", "postprocessing_instances"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"-o {name} must be >= 1, got {getattr(self, name)}")
+
 
 class QwenLLM(ModelSpec):
     name = "qwen_llm"
-    description = "Qwen2/Qwen2.5 causal LM: text in, text out (TRT-LLM ensemble tensors)"
+    description = "Qwen2, Qwen2.5 and Qwen3 causal LMs: text in, text out (TRT-LLM ensemble tensors)"
     default_repo = "Qwen/Qwen2.5-0.5B-Instruct"
     templates_dir = Path(__file__).parent / "templates"
     default_max_input_len = 2048

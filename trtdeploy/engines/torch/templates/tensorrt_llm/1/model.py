@@ -19,6 +19,7 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from trtdeploy.backend_utils import ModelParameters
 from trtdeploy.engines.torch.runtime import GenerationRequest, SamplingParams, load_generator, output_arrays
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -66,20 +67,19 @@ class _Sink:
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        config = json.loads(args["model_config"])
-        params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
-        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
-        self.exclude_input = params.get("exclude_input_in_output", "true").lower() == "true"
+        params = ModelParameters(args)
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
+        self.exclude_input = params.bool("exclude_input_in_output", True)
         self.generator = load_generator(
-            params["hf_model_dir"],
-            precision=params.get("precision", "fp32"),
-            device=params.get("device", "cpu"),
-            max_slots=int(params.get("max_slots", config["max_batch_size"])),
-            max_input_len=int(params["max_input_len"]),
-            max_seq_len=int(params["max_seq_len"]),
-            max_num_tokens=int(params.get("max_num_tokens", "8192")),
-            cuda_graphs=params.get("cuda_graphs", "true").lower() == "true",
-            cancel_check_period=int(params.get("cancellation_check_period_ms", "100")) / 1000,
+            params.str("hf_model_dir"),
+            precision=params.str("precision", "fp32"),
+            device=params.str("device", "cpu"),
+            max_slots=params.int("max_slots"),
+            max_input_len=params.int("max_input_len"),
+            max_seq_len=params.int("max_seq_len"),
+            max_num_tokens=params.int("max_num_tokens", 8192),
+            cuda_graphs=params.bool("cuda_graphs", True),
+            cancel_check_period=params.int("cancellation_check_period_ms", 100) / 1000,
         )
         self.default_pad_id = self.generator.pad_id
 

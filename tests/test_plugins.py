@@ -70,12 +70,12 @@ class TestPlugin:
 def test_plugin():
     plugins.load_plugins()
     plugins.pm.register(TestPlugin(), name="test-plugin")
-    plugins.reset_for_tests()
+    plugins.forget_registrations()
     try:
         yield
     finally:
         plugins.pm.unregister(name="test-plugin")
-        plugins.reset_for_tests()
+        plugins.forget_registrations()
 
 
 def test_hook_register_models(test_plugin):
@@ -106,7 +106,7 @@ def test_duplicate_model_names_are_an_error(test_plugin):
             register(EchoSpec())
 
     plugins.pm.register(Twin(), name="twin-plugin")
-    plugins.reset_for_tests()
+    plugins.forget_registrations()
     try:
         with pytest.raises(trtdeploy.UsageError, match="registered by both"):
             plugins.get_models()

@@ -193,7 +193,7 @@ def list_plugins() -> list[PluginInfo]:
     return sorted(infos.values(), key=lambda info: info.name)
 
 
-def reset_for_tests() -> None:
-    """Forget cached registries (tests register and unregister plugins)."""
+def forget_registrations() -> None:
+    """Forget the cached model and engine registries: plugins registered or unregistered since are seen next time."""
     _models.cache_clear()
     _engines.cache_clear()

@@ -33,6 +33,7 @@ output [
 ]
 parameters {{ key: "token_delay_ms", value: {{ string_value: "{delay}" }} }}
 parameters {{ key: "with_ids", value: {{ string_value: "{with_ids}" }} }}
+parameters {{ key: "tokenizer_dir", value: {{ string_value: "{tokenizer_dir}" }} }}
 instance_group [ {{ count: 1, kind: KIND_CPU }} ]
 """
 
@@ -46,7 +47,7 @@ input [
   {{ name: "input_lengths", data_type: TYPE_INT32, dims: [ 1 ] }},
   {{ name: "request_output_len", data_type: TYPE_INT32, dims: [ 1 ] }},
   {{ name: "streaming", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }},
-  {{ name: "end_id", data_type: TYPE_INT32, dims: [ 1 ], optional: true }}
+  {{ name: "end_id", data_type: TYPE_INT32, dims: [ 1 ], optional: true }}{exclude}
 ]
 output [
   {{ name: "output_ids", data_type: TYPE_INT32, dims: [ -1, -1 ] }},
@@ -61,24 +62,35 @@ FAKE_MODELS = {
     "text_llm": ("fake_text_llm.py", False, 1, True),
     "text_llm_stream": ("fake_text_llm.py", True, 5, True),
     "text_llm_noids": ("fake_text_llm.py", True, 1, False),
+    "text_llm_tokens": ("fake_text_llm.py", True, 1, True),
     "tensorrt_llm": ("fake_token_llm.py", True, 2, True),
     "tensorrt_llm_offline": ("fake_token_llm.py", False, 1, True),
+    "tensorrt_llm_exclude": ("fake_token_llm.py", False, 1, True),
 }
+#: Models that generate the real token ids of the tokenizer given to write_fake_repo.
+TOKENIZED = {"text_llm_tokens"}
+#: Models that take exclude_input_in_output (and honour it).
+EXCLUDING = {"tensorrt_llm_exclude"}
 
 
-def write_fake_repo(root: Path, names: Iterable[str] = FAKE_MODELS) -> Path:
-    """A model repository with (some of) the fake LLMs of FAKE_MODELS."""
+def write_fake_repo(root: Path, names: Iterable[str] = FAKE_MODELS, tokenizer_dir: Path | None = None) -> Path:
+    """A model repository with (some of) the fake LLMs of FAKE_MODELS (those of TOKENIZED need ``tokenizer_dir``)."""
     for name in names:
         source, decoupled, delay, with_ids = FAKE_MODELS[name]
+        if name in TOKENIZED and tokenizer_dir is None:
+            raise ValueError(f"the fake model {name} needs a tokenizer_dir")
         (root / name / "1").mkdir(parents=True)
         shutil.copy(MODELS / source, root / name / "1" / "model.py")
         template = _TEXT_CONFIG if source == "fake_text_llm.py" else _TOKEN_CONFIG
+        exclude = ',\n  { name: "exclude_input_in_output", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }'
         config = template.format(
             name=name,
             policy="model_transaction_policy { decoupled: true }" if decoupled else "",
             delay=delay,
             with_ids="true" if with_ids else "false",
             ids=',\n  { name: "output_ids", data_type: TYPE_INT32, dims: [ -1 ] }' if with_ids else "",
+            tokenizer_dir=tokenizer_dir if name in TOKENIZED else "",
+            exclude=exclude if name in EXCLUDING else "",
         )
         (root / name / "config.pbtxt").write_text(config.lstrip())
     return root
@@ -113,32 +125,35 @@ def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def fake_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+def fake_server(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: Path) -> Iterator:
     """The bundled tritonserver serving the fake LLMs (started once per session)."""
     from trtdeploy.server import launch
 
     root = tmp_path_factory.mktemp("perf-server")
-    with launch(write_fake_repo(root / "repo"), log_file=root / "tritonserver.log", timeout=120) as server:
+    repo = write_fake_repo(root / "repo", tokenizer_dir=tiny_tokenizer)
+    with launch(repo, log_file=root / "tritonserver.log", timeout=120) as server:
         yield server
 
 
 @pytest.fixture
 def make_deployment(tmp_path: Path, tiny_tokenizer: Path) -> Callable[..., Path]:
-    """``make_deployment(model, entry_model, mode, models)``: a deployment folder as `trtdeploy build` leaves it,
-    its model repository holding ``models`` of the fake LLMs (none by default)."""
+    """``make_deployment(model, entry_model, mode, models, **point)``: a deployment folder as `trtdeploy build`
+    leaves it, its model repository holding ``models`` of the fake LLMs (none by default); ``point`` overrides
+    fields of its build point (``max_output_len=16``)."""
 
     def make(
         model: str = "perf_fake_llm",
         entry_model: str = "text_llm_stream",
         mode: str = "streaming",
         models: Iterable[str] = (),
+        **point: object,
     ) -> Path:
         path = tmp_path / "deployments" / model / f"torch-fp32-bs8-tp1pp1-{mode}"
         path.mkdir(parents=True)
         models = list(models)
-        write_fake_repo(path / "model_repo", models)
+        write_fake_repo(path / "model_repo", models, tokenizer_dir=tiny_tokenizer)
         return write_manifest(
-            path, models=models, entry_model=entry_model, model=model, mode=mode, llm_dir=tiny_tokenizer
+            path, models=models, entry_model=entry_model, model=model, mode=mode, llm_dir=tiny_tokenizer, **point
         )
 
     return make

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from typer.testing import CliRunner
 
 from trtdeploy.errors import UsageError
 from trtdeploy.perf.loadgen import Level
 from trtdeploy.perf.runner import InputSpec, LoadSettings, resolve_endpoint
+from trtdeploy.perf.workload import RequestOptions
 
 
 def test_level_items_walk_the_rows_from_the_offset():
@@ -84,21 +84,58 @@ def test_endpoint_from_url(tmp_path, monkeypatch):
     ("args", "message"),
     [
         (["-c", "0"], "--concurrency values must be >= 1, got 0"),
-        (["-c", "1,x"], "'x' in '1,x' is not an integer"),
-        (["-c", "1", "--request-rate", "5"], "are exclusive"),
-        (["--request-rate", "5,-1"], "--request-rate values must be > 0"),
-        (["--slo", "ttft_ms"], "--slo expects key=value"),
-        (["--slo", "ttft_ms=fast"], "the limit must be a number"),
+        (["-c", "1,x"], "--concurrency: 'x' in '1,x' is not an integer"),
+        (["-c", "1", "--request-rate", "5"], "--concurrency and --request-rate are exclusive"),
+        (["--request-rate", "5,-1"], "--request-rate values must be > 0, got -1"),
+        (["--request-rate", "5,x"], "--request-rate: 'x' in '5,x' is not a number"),
+        (["--request-rate", "inf"], "--request-rate values must be > 0, got inf"),
+        (["--slo", "ttft_ms"], "--slo expects key=value, got 'ttft_ms'"),
+        (["--slo", "ttft_ms=fast"], "--slo ttft_ms='fast': the limit must be a number"),
+        (["--slo", "ttft_ms=0"], "--slo ttft_ms=0: a limit must be > 0"),
+        (["--slo", "e2e_ms=-5"], "--slo e2e_ms=-5: a limit must be > 0"),
         (["--max-error-rate", "2"], "--max-error-rate must be between 0 and 1"),
+        (["--temperature", "-0.5"], "--temperature must be >= 0 (0: greedy), got -0.5"),
+        (["--top-p", "0"], "--top-p must be > 0 and <= 1, got 0"),
+        (["--top-p", "1.5"], "--top-p must be > 0 and <= 1, got 1.5"),
+        (["--top-k", "-1"], "--top-k must be >= 0 (0: off), got -1"),
+        (["--url", "notaport:xx"], "--url 'notaport:xx' is not HOST:PORT"),
+        (["--url", "localhost"], "--url 'localhost' is not HOST:PORT"),
+        (["--url", "localhost:0"], "port 0 is not between 1 and 65535"),
     ],
 )
-def test_cli_usage_errors(args, message):
-    import typer
+def test_cli_usage_errors_are_one_line_errors(args, message, capsys, tmp_path, monkeypatch):
+    """Bad values are the project's `Error: ...` (exit 2), naming the option, before any server is looked for."""
+    from trtdeploy.cli.main import main
 
-    from trtdeploy.cli.perf import perf
+    monkeypatch.setenv("TRTDEPLOY_STATE_DIR", str(tmp_path))  # no server recorded
+    monkeypatch.chdir(tmp_path)  # no deployment
+    with pytest.raises(SystemExit) as caught:
+        main(["perf", *args])
+    err = capsys.readouterr().err
+    assert caught.value.code == 2, err
+    assert err.startswith("Error: ") and err.count("Error:") == 1
+    assert message in " ".join(err.split())
+    assert "Usage:" not in err and "╭" not in err  # not click's boxed usage error
 
-    app = typer.Typer()
-    app.command()(perf)
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 2
-    assert message in " ".join(result.output.split())
+
+def test_option_lists_raise_usage_errors():
+    from trtdeploy.cli._options import parse_int_list, parse_key_values
+
+    assert parse_int_list(" 1, 2,4", name="--concurrency") == [1, 2, 4]
+    with pytest.raises(UsageError, match="--concurrency: '' in '1,,2' is not an integer") as caught:
+        parse_int_list("1,,2", name="--concurrency")
+    assert caught.value.hint == "pass comma-separated integers, e.g. --concurrency 1,2,4"
+    assert parse_key_values(["a = 1", "b=x=y"], name="--option") == {"a": "1", "b": "x=y"}
+    with pytest.raises(UsageError, match="--option expects key=value, got '=1'"):
+        parse_key_values(["=1"], name="--option")
+
+
+def test_sampling_options():
+    assert RequestOptions(temperature=0.7).top_p == 1.0  # TRT-LLM would decode greedily with top_k = top_p = 0
+    assert RequestOptions(temperature=0.7, top_k=0).top_p == 1.0  # top-k 0 is off
+    assert RequestOptions(temperature=0.7, top_k=5).top_p is None
+    assert RequestOptions(temperature=0.7, top_p=0.9).top_p == 0.9
+    assert RequestOptions(temperature=0.0).top_p is None  # greedy
+    assert RequestOptions().top_p is None
+    with pytest.raises(UsageError, match="--temperature must be >= 0"):
+        RequestOptions(temperature=float("nan"))

@@ -12,6 +12,7 @@ from trtdeploy.perf.metrics import (
     check_slo,
     describe,
     lcs_length,
+    meets_slo,
     request_metrics,
     rouge_l_f1,
     summarize_level,
@@ -87,11 +88,11 @@ def test_level_window_throughput_goodput_and_errors():
     assert summary["accuracy"] is None
 
 
-def test_goodput_needs_every_slo_and_ignores_undefined_metrics():
+def test_goodput_needs_every_slo_and_a_one_chunk_answer_meets_itl():
     records = [
         record(0, 40, [(10, 1), (40, 4)], seq=0),  # ttft 10, itl 7.5
         record(0, 40, [(30, 1), (40, 2)], seq=1),  # ttft 30 > 20
-        record(0, 40, [(5, 3)], seq=2),  # itl undefined: passes the itl SLO
+        record(0, 40, [(5, 3)], seq=2),  # itl undefined (every token in the first chunk): meets the itl SLO
     ]
     summary = summarize_level(
         records, level(num_requests=3), stream=True, family="llm", slo={"ttft_ms": 20, "itl_ms": 8}
@@ -169,3 +170,56 @@ def test_slo_keys_depend_on_family_and_mode():
         check_slo({"ttft_ms": 1}, "llm", False)
     with pytest.raises(UsageError, match="latency_ms"):
         check_slo({"latency_ms": 1}, "llm", True)
+
+
+def _zero_token(send: float, end: float, seq: int):
+    """A successful request that generated nothing: no chunk with content, 0 output tokens."""
+    rec = record(send, end, seq=seq)
+    rec.output_tokens, rec.token_source = 0, "server"
+    return rec
+
+
+def test_zero_token_answers_count_as_successes_without_ttft():
+    records = [record(0, 40, [(10, 1), (40, 4)], seq=0), _zero_token(0, 20, seq=1)]  # ttft 10, itl 10; e2e 20
+    summary = summarize_level(records, level(2, 2), stream=True, family="llm", slo={})
+    assert summary["completed"] == 2 and summary["errors"] == 0
+    assert summary["zero_output_requests"] == 1
+    assert summary["output_token_throughput"] == pytest.approx(5 / 0.040)  # a number, not None
+    assert summary["output_tokens"]["min"] == 0 and summary["output_tokens"]["count"] == 2
+    assert summary["ttft_ms"]["count"] == 1 and summary["itl_ms"]["count"] == 1  # no first token, no gaps
+    assert summary["e2e_ms"]["count"] == 2
+    zero = request_metrics(records[1], stream=True, family="llm")
+    assert zero["ttft_ms"] is None and zero["itl_ms"] is None and zero["output_tokens_per_user"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("slo", "meeting"),
+    [
+        ({"ttft_ms": 1000}, 2),  # the zero-token answer produced no first token in time
+        ({"itl_ms": 1000}, 2),  # ...nor tokens at a rate; the one-chunk answer has no gap to exceed
+        ({"e2e_ms": 1000}, 3),
+        ({"ttft_ms": 1000, "itl_ms": 1000}, 2),
+    ],
+)
+def test_zero_token_answers_meet_no_ttft_or_itl_slo(slo, meeting):
+    records = [
+        record(0, 40, [(10, 1), (40, 4)], seq=0),
+        record(0, 40, [(5, 3)], seq=1),  # every token in the first chunk: no ITL
+        _zero_token(0, 20, seq=2),
+    ]
+    summary = summarize_level(records, level(1, 3), stream=True, family="llm", slo=slo)
+    assert summary["goodput"] == pytest.approx(meeting / 0.040)
+    assert meets_slo({"ttft_ms": None, "itl_ms": None, "e2e_ms": 5}, {"e2e_ms": 10})
+
+
+def test_tts_request_without_audio_meets_no_rtf_or_first_chunk_slo():
+    assert not meets_slo({"first_chunk_ms": None, "rtf": None, "e2e_ms": 5}, {"first_chunk_ms": 100})
+    assert not meets_slo({"first_chunk_ms": 10, "rtf": None, "e2e_ms": 5}, {"rtf": 1.0})
+    assert meets_slo({"first_chunk_ms": 10, "rtf": 0.5, "e2e_ms": 5}, {"rtf": 1.0, "first_chunk_ms": 100})
+
+
+def test_slo_limits_must_be_positive():
+    with pytest.raises(UsageError, match="--slo ttft_ms=0: a limit must be > 0"):
+        check_slo({"ttft_ms": 0}, "llm", True)
+    with pytest.raises(UsageError, match="a limit must be > 0"):
+        check_slo({"e2e_ms": float("nan")}, "llm", False)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 
 import pytest
 from rich.console import Console
 
 from trtdeploy.errors import ExitCode, PerfError
+from trtdeploy.perf import report
 from trtdeploy.perf.metrics import summarize_level
 from trtdeploy.perf.report import print_table, write_reports
 from trtdeploy.perf.runner import PerfRun
@@ -85,3 +87,23 @@ def test_table_at_natural_width_off_a_terminal():
     assert "TTFT p50/p99" in text and "E2E p50/p99" in text and "…" not in text
     assert "10.0/10.0" in text  # TTFT p50/p99 of the first level
     assert "goodput: req/s meeting ttft_ms<=12" in text
+
+
+def test_missing_matplotlib_skips_only_the_plots(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    warnings: list[str] = []
+    written = write_reports(_run(), tmp_path / "out", warn=warnings.append)
+    assert sorted(path.name for path in written) == ["requests.jsonl", "summary.csv", "summary.json"]
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == sorted(path.name for path in written)
+    assert len(warnings) == 1 and "\n" not in warnings[0]
+    assert warnings[0].startswith("plots skipped: matplotlib cannot be imported") and "--no-plots" in warnings[0]
+
+
+def test_a_plotting_error_skips_only_the_plots(tmp_path, monkeypatch, capsys):
+    def broken(summary, output_dir):
+        raise ValueError("bad axis\nsecond line")
+
+    monkeypatch.setattr(report, "write_plots", broken)
+    written = write_reports(_run(), tmp_path)  # the default warning goes to stderr
+    assert sorted(path.name for path in written) == ["requests.jsonl", "summary.csv", "summary.json"]
+    assert capsys.readouterr().err == "Warning: plots skipped: ValueError: bad axis (the other reports are written)\n"

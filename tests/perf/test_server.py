@@ -7,6 +7,7 @@ import json
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from trtdeploy.hookspecs import hookimpl
 from trtdeploy.perf.llm import TextLLMWorkload, TokenLLMWorkload, load_tokenizer
 from trtdeploy.perf.runner import Endpoint, InputSpec, LoadSettings, PerfSettings, benchmark, run_levels
 from trtdeploy.perf.workload import InputRow, RequestOptions
-from trtdeploy.plugins import pm, reset_for_tests
+from trtdeploy.plugins import forget_registrations, pm
 from trtdeploy.spec import ModelSpec
 
 ROWS = [InputRow(f"tell me about number {i} please", reference=f"tell me about number {i}") for i in range(6)]
@@ -295,10 +296,10 @@ class _FakePlugin:
 @pytest.fixture
 def fake_plugin():
     pm.register(_FakePlugin(), name="perf-fake-llm")
-    reset_for_tests()
+    forget_registrations()
     yield
     pm.unregister(name="perf-fake-llm")
-    reset_for_tests()
+    forget_registrations()
 
 
 @pytest.mark.server
@@ -323,3 +324,168 @@ def test_cli_plugin_workload_and_error_rate_exit(fake_server, fake_plugin, make_
     with pytest.raises(SystemExit) as caught:
         main([*args, "--max-error-rate", "0.5"])
     assert caught.value.code == 0
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("model", ["text_llm", "text_llm_stream"])
+def test_zero_token_answers_are_successes(grpc, model):
+    """A model whose first token is end-of-sequence: a success with 0 tokens, no TTFT, no ttft/itl SLO met."""
+    rows = [InputRow(ROWS[0].input), InputRow("an EMPTY answer", reference="")]
+    stream = model == "text_llm_stream"
+    slo = {"ttft_ms": 10_000, "itl_ms": 10_000} if stream else {"e2e_ms": 10_000}
+    load = LoadSettings(concurrency=(1,), num_requests=2, warmup=0)
+    result = run(TextLLMWorkload(model), grpc, load, rows=rows, options=RequestOptions(max_tokens=3), slo=slo)
+    summary = result.summary["levels"][0]
+    assert summary["errors"] == 0 and summary["completed"] == 2, summary["error_messages"]
+    empty = next(rec for rec in result.records if rec.row == 1)
+    assert (empty.output_tokens, empty.token_source, empty.text, empty.chunk_ns) == (0, "server", "", [])
+    assert summary["zero_output_requests"] == 1
+    assert summary["output_token_throughput"] == pytest.approx(3 / summary["duration_s"])
+    assert summary["output_tokens"]["min"] == 0 and summary["accuracy"]["exact_match"] == 1.0
+    if stream:
+        assert summary["ttft_ms"]["count"] == 1
+        assert summary["goodput"] == pytest.approx(1 / summary["duration_s"])  # the empty answer meets no TTFT
+    else:
+        assert summary["goodput"] == pytest.approx(2 / summary["duration_s"])
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("model", ["tensorrt_llm", "tensorrt_llm_offline", "tensorrt_llm_exclude"])
+def test_generated_ids_equal_to_the_prompt_are_counted(grpc, tiny_tokenizer, model):
+    """The fake repeats the prompt "!": the prompt is dropped by its length, only where the model echoes it."""
+    load = LoadSettings(concurrency=(1,), num_requests=2, warmup=0)
+    options = RequestOptions(max_tokens=4, ignore_eos=True)
+    result = run(TokenLLMWorkload(model, tiny_tokenizer), grpc, load, rows=[InputRow("!")], options=options)
+    assert [rec.output_tokens for rec in result.records] == [4, 4]
+
+
+@pytest.mark.server
+def test_streamed_text_is_decoded_from_all_its_ids(grpc, tiny_tokenizer):
+    """The server decodes each streamed token alone, so "好" (three byte tokens) streams as U+FFFD pieces;
+    the text scored (and recorded) is the ids decoded at once."""
+    tokenizer = load_tokenizer(tiny_tokenizer)
+    prompt = "好 ok"
+    ids = tokenizer.encode(prompt, add_special_tokens=False)
+    assert len(tokenizer.encode("好", add_special_tokens=False)) == 3
+    load = LoadSettings(concurrency=(1,), num_requests=1, warmup=0)
+    options = RequestOptions(max_tokens=len(ids))
+    rows = [InputRow(prompt, reference=prompt)]
+    result = run(TextLLMWorkload("text_llm_tokens", tiny_tokenizer), grpc, load, rows=rows, options=options)
+    (rec,) = result.records
+    assert rec.error is None and rec.chunk_tokens == [1] * len(ids)
+    assert rec.text == prompt
+    assert result.summary["levels"][0]["accuracy"]["exact_match"] == 1.0
+    pieces = run(TextLLMWorkload("text_llm_tokens"), grpc, load, rows=rows, options=options)  # no tokenizer
+    assert "\ufffd" in pieces.records[0].text  # what the chunks' texts give
+
+
+@pytest.mark.server
+def test_defaults_follow_the_deployment_limits(fake_server, make_deployment, tmp_path):
+    deployment = make_deployment(max_input_len=12, max_output_len=5)
+    settings = PerfSettings(
+        deployment=deployment,
+        url=fake_server.grpc_url,
+        model="tensorrt_llm",
+        load=LoadSettings(num_requests=2, warmup=0),
+        output_dir=tmp_path / "out",
+        plots=False,
+    )
+    result = benchmark(settings)
+    level = result.summary["levels"][0]
+    assert level["errors"] == 0
+    assert level["input_tokens"]["min"] == level["input_tokens"]["max"] == 12  # min(128, max_input_len)
+    assert level["output_tokens"]["min"] == level["output_tokens"]["max"] == 5  # min(128, max_output_len)
+    assert result.summary["options"]["max_tokens"] == 5 and result.summary["input"] == "synthetic isl=12"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--osl", "6"], "--osl 6 is more than this deployment's max_output_len 5"),
+        (["--isl", "13"], "--isl 13 is more than this deployment's max_input_len 12"),
+        (["--input-data", "ROWS"], "input row 2 asks for max_tokens 9, more than this deployment's max_output_len 5"),
+    ],
+)
+def test_lengths_beyond_the_deployment_limits_are_refused(make_deployment, tmp_path, args, message):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"input": "a", "max_tokens": 5}\n{"input": "b", "max_tokens": 9}\n')
+    args = [str(rows) if arg == "ROWS" else arg for arg in args]
+    deployment = make_deployment(max_input_len=12, max_output_len=5)
+    done = _cli(str(deployment), "--url", f"localhost:{free_port()}", "--model", "tensorrt_llm", *args, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert message in " ".join(done.stderr.split()) and "Error:" in done.stderr
+    assert not (tmp_path / "perf-results").exists()  # nothing left behind
+
+
+@pytest.mark.parametrize("where", ["/proc/trtdeploy-perf", "FILE", "FILE/below"])
+def test_an_unusable_output_dir_is_refused_before_the_load(make_deployment, tmp_path, where):
+    (tmp_path / "file").write_text("not a folder")
+    out = where.replace("FILE", str(tmp_path / "file"))
+    done = _cli(
+        str(make_deployment()),
+        *("--url", f"localhost:{free_port()}", "--model", "tensorrt_llm", "--output-dir", out),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2, done.stderr  # a usage error, before the (unreachable) server is tried
+    assert f"Error: cannot write reports to {out}:" in done.stderr and "--output-dir" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_failed_run_leaves_no_empty_reports_folder(make_deployment, tmp_path):
+    done = _cli(str(make_deployment()), "--url", f"localhost:{free_port()}", "--model", "tensorrt_llm", cwd=tmp_path)
+    assert done.returncode == 5, done.stderr
+    assert not (tmp_path / "perf-results").exists()
+
+
+@pytest.mark.server
+def test_cli_without_matplotlib_keeps_the_results(fake_server, make_deployment, tmp_path, capsys, monkeypatch):
+    from trtdeploy.cli.main import main
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    out = tmp_path / "out"
+    args = ["perf", str(make_deployment()), "--url", fake_server.grpc_url, "--model", "tensorrt_llm"]
+    with pytest.raises(SystemExit) as caught:
+        main([*args, "--isl", "4", "--osl", "2", "--num-requests", "2", "--output-dir", str(out)])
+    captured = capsys.readouterr()
+    assert caught.value.code == 0, captured.err
+    assert "Warning: plots skipped: matplotlib cannot be imported" in " ".join(captured.err.split())
+    assert "tensorrt_llm (streaming, grpc)" in captured.out and f"reports: {out}" in captured.out
+    assert sorted(p.name for p in out.iterdir()) == ["requests.jsonl", "summary.csv", "summary.json"]
+
+
+@pytest.mark.server
+def test_a_deployment_is_loaded_on_the_server_that_serves_it(make_deployment, tmp_path, monkeypatch):
+    """Two servers: `perf DEPLOYMENT` goes to the one serving DEPLOYMENT, not to the latest one."""
+    from trtdeploy.server import serve_deployment
+
+    monkeypatch.setenv("TRTDEPLOY_STATE_DIR", str(tmp_path / "state"))
+    first, second = (Deployment.load(make_deployment(model=name, models=["tensorrt_llm"])) for name in ("a", "b"))
+    unserved = make_deployment(model="c")
+    settings = PerfSettings(
+        model="tensorrt_llm",
+        inputs=InputSpec(isl=4, osl=2),
+        load=LoadSettings(num_requests=1, warmup=0),
+        plots=False,
+    )
+    server_a, _ = serve_deployment(first, background=True)
+    with server_a:
+        server_b, _ = serve_deployment(second, background=True)  # started last
+        with server_b:
+            for deployment, server in ((first, server_a), (second, server_b)):
+                chosen = replace(settings, deployment=deployment.path, output_dir=tmp_path / deployment.path.name)
+                result = benchmark(chosen)
+                assert result.summary["url"] == server.grpc_url
+                assert result.summary["deployment"] == str(deployment.path)
+            with pytest.raises(ServerError) as caught:
+                benchmark(replace(settings, deployment=unserved, output_dir=tmp_path / "c"))
+            # --url wins over the deployment's server, with a warning that they differ
+            warnings: list[str] = []
+            chosen = replace(settings, deployment=first.path, url=server_b.grpc_url, output_dir=tmp_path / "url")
+            assert benchmark(chosen, warn=warnings.append).summary["url"] == server_b.grpc_url
+            assert warnings == [
+                f"the server at {server_b.grpc_url} serves {second.path}, not {first.path}; loading it as the latter"
+            ]
+    assert caught.value.message == f"no running server serves {unserved.resolve()}"
+    assert f"trtdeploy serve {unserved.resolve()} --background" in caught.value.hint
+    assert "--url" in caught.value.hint and server_b.grpc_url in caught.value.hint
+    assert not (tmp_path / "c").exists()

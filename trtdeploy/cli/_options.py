@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from ..errors import UsageError
+
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout (nothing else there).")]
 DeploymentArg = Annotated[
     Path | None,
@@ -19,28 +21,31 @@ ModelArg = Annotated[str, typer.Argument(help="Model name, as listed by `trtdepl
 
 
 def parse_int_list(text: str, *, name: str, minimum: int = 1) -> list[int]:
-    """Parse ``1,2,4`` into ``[1, 2, 4]``; raise typer.BadParameter naming the bad item."""
+    """Parse ``1,2,4`` into ``[1, 2, 4]``; raise UsageError naming the option and the bad item."""
+    example = f"e.g. {name} {','.join(str(minimum * 2**i) for i in range(3))}"
     values: list[int] = []
     for item in text.split(","):
         item = item.strip()
         try:
             value = int(item)
         except ValueError:
-            raise typer.BadParameter(f"{item!r} in {text!r} is not an integer (expected e.g. 1,2,4)") from None
+            raise UsageError(
+                f"{name}: {item!r} in {text!r} is not an integer", hint=f"pass comma-separated integers, {example}"
+            ) from None
         if value < minimum:
-            raise typer.BadParameter(f"{name} values must be >= {minimum}, got {value}")
+            raise UsageError(f"{name} values must be >= {minimum}, got {value}", hint=example)
         values.append(value)
     if not values:
-        raise typer.BadParameter(f"{name} needs at least one value")
+        raise UsageError(f"{name} needs at least one value", hint=example)
     return values
 
 
 def parse_key_values(items: list[str], *, name: str) -> dict[str, str]:
-    """Parse repeated ``key=value`` items into a dict."""
+    """Parse repeated ``key=value`` items into a dict; raise UsageError naming the option and the bad item."""
     result: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise typer.BadParameter(f"{name} expects key=value, got {item!r}")
+            raise UsageError(f"{name} expects key=value, got {item!r}", hint=f"e.g. {name} key=value")
         result[key.strip()] = value.strip()
     return result

@@ -9,9 +9,9 @@ from typing import Any
 from rich.console import Console
 
 #: Progress, logs, warnings and errors.
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 #: Human-readable results (tables). Never used in ``--json`` mode.
-out = Console(highlight=False)
+out = Console(highlight=False, soft_wrap=True)
 
 
 def emit_json(data: Any) -> None:

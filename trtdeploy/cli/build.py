@@ -88,7 +88,8 @@ def _print_plan(plan: dict) -> None:
     table.add_row("deployment", plan["deployment"])
     table.add_row("checkpoint", plan["checkpoint"])
     for key, value in plan["point"].items():
-        table.add_row(key, str(value))
+        if key != "model":
+            table.add_row(key, str(value))
     out.print(table)
     out.print("[bold]steps[/]")
     for step in plan["steps"]:

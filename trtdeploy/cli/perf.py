@@ -6,31 +6,40 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
+from rich.markup import escape
 
+from ..errors import UsageError
 from ._options import DeploymentArg, JsonOpt, parse_int_list, parse_key_values
 from ._output import emit_json, err, out
 
 
+def _warn(message: str) -> None:
+    err.print(f"[yellow]Warning:[/] {escape(message)}", soft_wrap=True)
+
+
 def _parse_rates(text: str) -> list[float]:
+    """``5,10`` as numbers (LoadSettings checks that they are > 0)."""
     rates = []
     for item in text.split(","):
         try:
-            rate = float(item)
+            rates.append(float(item))
         except ValueError:
-            raise typer.BadParameter(f"{item.strip()!r} in {text!r} is not a number (expected e.g. 5,10)") from None
-        if rate <= 0:
-            raise typer.BadParameter(f"--request-rate values must be > 0, got {item.strip()}")
-        rates.append(rate)
+            raise UsageError(
+                f"--request-rate: {item.strip()!r} in {text!r} is not a number", hint="e.g. --request-rate 5,10"
+            ) from None
     return rates
 
 
 def _parse_slo(text: str) -> dict[str, float]:
+    """``ttft_ms=500,e2e_ms=5000`` as numbers (PerfSettings checks that they are > 0)."""
     slo = {}
     for key, value in parse_key_values([item for item in text.split(",") if item.strip()], name="--slo").items():
         try:
             slo[key] = float(value)
         except ValueError:
-            raise typer.BadParameter(f"--slo {key}={value!r}: the limit must be a number") from None
+            raise UsageError(
+                f"--slo {key}={value!r}: the limit must be a number", hint="e.g. --slo ttft_ms=500,itl_ms=50"
+            ) from None
     return slo
 
 
@@ -40,8 +49,8 @@ def perf(
     url: Annotated[
         str | None,
         typer.Option(
-            help="Triton's HOST:PORT, the gRPC or HTTP port per --protocol (default: the server `trtdeploy serve` "
-            "started)."
+            help="Triton's HOST:PORT, the gRPC or HTTP port per --protocol (default: the running server that "
+            "`trtdeploy serve` started for DEPLOYMENT; without DEPLOYMENT, the latest one)."
         ),
     ] = None,
     protocol: Annotated[Literal["grpc", "http"], typer.Option(help="grpc (offline or streaming) or http.")] = "grpc",
@@ -84,20 +93,42 @@ def perf(
         str | None, typer.Option(help="Dataset column of expected outputs, for accuracy (default: output).")
     ] = None,
     isl: Annotated[
-        int | None, typer.Option(help="Synthetic prompts of exactly ISL tokens (the default input: 128).")
+        int | None,
+        typer.Option(
+            help="Synthetic prompts of exactly ISL tokens, the default input (default: 128, or the deployment's "
+            "max_input_len if smaller; more is refused)."
+        ),
     ] = None,
-    osl: Annotated[int | None, typer.Option(help="Tokens to generate per request (default: the model's).")] = None,
+    osl: Annotated[
+        int | None,
+        typer.Option(
+            help="Tokens to generate per request (default: 128, or the deployment's max_output_len if smaller; "
+            "more is refused)."
+        ),
+    ] = None,
     ignore_eos: Annotated[
         bool, typer.Option("--ignore-eos", help="Generate past end-of-sequence: exactly --osl tokens (end_id -1).")
     ] = False,
-    temperature: Annotated[float | None, typer.Option(help="Sampling temperature.")] = None,
-    top_k: Annotated[int | None, typer.Option(help="Sampling top-k.")] = None,
-    top_p: Annotated[float | None, typer.Option(help="Sampling top-p.")] = None,
+    temperature: Annotated[
+        float | None,
+        typer.Option(
+            help="Sampling temperature, >= 0 (0: greedy). Without --top-k/--top-p it samples from the whole "
+            "distribution: top_p 1.0 is sent (TRT-LLM decodes greedily when top_k and top_p are both 0)."
+        ),
+    ] = None,
+    top_k: Annotated[int | None, typer.Option(help="Sample from the K most likely tokens (0: off).")] = None,
+    top_p: Annotated[
+        float | None, typer.Option(help="Sample from the most likely tokens holding probability P, 0 < P <= 1.")
+    ] = None,
     seed: Annotated[
         int, typer.Option(help="Seed of synthetic prompts, arrivals, and sampling (with --temperature).")
     ] = 0,
     slo: Annotated[
-        str | None, typer.Option(help="Goodput SLOs in ms, all met: e.g. ttft_ms=500,itl_ms=50,e2e_ms=5000.")
+        str | None,
+        typer.Option(
+            help="Goodput SLOs in ms (> 0), all met: e.g. ttft_ms=500,itl_ms=50,e2e_ms=5000. A request that "
+            "generated no token meets no ttft_ms or itl_ms limit."
+        ),
     ] = None,
     max_error_rate: Annotated[
         float, typer.Option(help="Fail (exit 6) when a level's share of failed requests exceeds this.")
@@ -113,15 +144,14 @@ def perf(
     json: JsonOpt = False,
 ) -> None:
     """Benchmark a served deployment: TTFT, ITL, latency and throughput per concurrency level or request rate."""
-    try:
-        levels = parse_int_list(concurrency or "1", name="--concurrency")
-    except typer.BadParameter as exc:
-        exc.param_hint = "'--concurrency'"
-        raise
+    levels = parse_int_list(concurrency or "1", name="--concurrency")
     if concurrency is not None and request_rate is not None:
-        raise typer.BadParameter("--concurrency and --request-rate are exclusive: choose closed or open loop")
+        raise UsageError(
+            "--concurrency and --request-rate are exclusive",
+            hint="choose a closed loop (--concurrency) or an open loop (--request-rate)",
+        )
     if not 0.0 <= max_error_rate <= 1.0:
-        raise typer.BadParameter(f"--max-error-rate must be between 0 and 1, got {max_error_rate:g}")
+        raise UsageError(f"--max-error-rate must be between 0 and 1, got {max_error_rate:g}", hint="e.g. 0.01")
     from ..perf.report import LiveProgress, print_table
     from ..perf.runner import InputSpec, LoadSettings, PerfSettings, benchmark
     from ..perf.workload import RequestOptions
@@ -164,7 +194,7 @@ def perf(
         plots=plots,
     )
     with LiveProgress(err) as progress:
-        run = benchmark(settings, progress=progress)
+        run = benchmark(settings, progress=progress, warn=_warn)
     if json:
         emit_json(run.summary)
     else:

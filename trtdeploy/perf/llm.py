@@ -53,10 +53,15 @@ def _scalar(model: ModelInfo, name: str, value: Any) -> np.ndarray:
 
 
 def _token_ids(outputs: Mapping[str, np.ndarray]) -> np.ndarray | None:
-    """The first sequence of ``output_ids`` (trimmed to ``sequence_length`` when given), or None if absent."""
+    """The first sequence of ``output_ids`` (trimmed to ``sequence_length`` when given), or None if absent.
+
+    An empty tensor (``[1, 1, 0]``: nothing generated) is an empty sequence.
+    """
     ids = outputs.get("output_ids")
     if ids is None:
         return None
+    if ids.size == 0:
+        return ids.reshape(-1)
     flat = ids.reshape(-1, ids.shape[-1])[0] if ids.ndim > 1 else ids.reshape(-1)
     lengths = outputs.get("sequence_length")
     if lengths is not None and lengths.size:
@@ -120,6 +125,14 @@ class _LLMWorkload(Workload):
 
     def _validate_options(self, model: ModelInfo, options: RequestOptions) -> None:
         wanted = [_sampling_input(model, key) for key in _SAMPLING_INPUTS if getattr(options, key) is not None]
+        if options.temperature and options.top_p == 1.0 and not options.top_k:  # temperature sampling
+            top_p = _sampling_input(model, "top_p")
+            if top_p not in model.inputs and _sampling_input(model, "temperature") in model.inputs:
+                raise UsageError(
+                    f"model {model.name!r} has no input 'top_p': with top_k and top_p off (0) TRT-LLM decodes "
+                    "greedily whatever the temperature, so --temperature samples with top_p 1.0",
+                    hint="pass --top-k K as well, or leave --temperature out",
+                )
         if options.ignore_eos:
             wanted.append("end_id")
         model.require_inputs(*wanted)
@@ -149,8 +162,8 @@ class TextLLMWorkload(_LLMWorkload):
     Inputs: ``text_input`` BYTES, ``max_tokens`` INT32, and when the model declares them ``stream``, ``end_id``
     (-1 with ``--ignore-eos``), ``exclude_input_in_output``, ``temperature``, ``top_k``/``runtime_top_k``,
     ``top_p``/``runtime_top_p``, ``random_seed``. Outputs: ``text_output`` BYTES and, when present, ``output_ids``
-    INT32 (the generated token ids, which give exact token counts; without them the text is re-tokenized with
-    ``tokenizer_dir``).
+    INT32 (the generated token ids, which give exact token counts and, decoded with ``tokenizer_dir``, the text;
+    without them the text is re-tokenized with ``tokenizer_dir``).
     """
 
     def validate(self, model: ModelInfo, options: RequestOptions) -> None:
@@ -173,14 +186,30 @@ class TextLLMWorkload(_LLMWorkload):
 
     def parse_chunk(self, outputs: Mapping[str, np.ndarray], request: Request) -> Chunk:
         ids = _token_ids(outputs)
-        return Chunk(tokens=None if ids is None else int(ids.size), text=_text(outputs, "text_output"))
+        tokens = None if ids is None else int(ids.size)
+        return Chunk(tokens=tokens, text=_text(outputs, "text_output"), token_ids=ids)
 
     def finish(self, request: Request, chunks: Sequence[Chunk]) -> Result:
+        """Token counts from the returned ids, else from re-tokenizing the text. The text: the ids decoded at
+        once when the responses carry them and there is a tokenizer (a streamed answer's pieces are decoded one
+        by one on the server, which breaks a character whose bytes span two tokens), else the pieces joined.
+
+        No chunk with content: the model generated nothing (end-of-sequence first), a success with 0 tokens.
+        """
+        if not chunks:
+            ids_asked = "output_ids" in request.outputs
+            source = "server" if ids_asked else "retokenized" if self.tokenizer_dir is not None else None
+            return Result(output_tokens=0, token_source=source, text="")
         text = "".join(chunk.text for chunk in chunks)
-        if chunks and all(chunk.tokens is not None for chunk in chunks):
+        if all(chunk.token_ids is not None for chunk in chunks):
             total = sum(chunk.tokens or 0 for chunk in chunks)
+            if self.tokenizer_dir is not None:
+                import numpy as np
+
+                ids = np.concatenate([chunk.token_ids for chunk in chunks]).tolist()
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
             return Result(output_tokens=total, first_chunk_tokens=chunks[0].tokens, token_source="server", text=text)
-        if self.tokenizer_dir is None or not chunks:
+        if self.tokenizer_dir is None:
             return Result(text=text)
         return Result(
             output_tokens=self.count_text_tokens(text),
@@ -194,8 +223,10 @@ class TokenLLMWorkload(_LLMWorkload):
     """The LLM contract itself (the ``tensorrt_llm`` model): token ids in and out, tokenized client-side.
 
     Inputs: ``input_ids`` INT32, ``input_lengths``, ``request_output_len``, and when declared ``streaming``,
-    ``end_id``, ``exclude_input_in_output`` and the sampling inputs. Outputs: ``output_ids`` (+ ``sequence_length``).
-    For engine-level benchmarks without the text pre/post-processing.
+    ``end_id``, ``exclude_input_in_output`` (true) and the sampling inputs. Outputs: ``output_ids``
+    (+ ``sequence_length``). A model without ``exclude_input_in_output`` answers offline requests with the prompt
+    followed by the generated ids: the prompt's length is dropped. For engine-level benchmarks without the text
+    pre/post-processing.
     """
 
     def validate(self, model: ModelInfo, options: RequestOptions) -> None:
@@ -219,20 +250,22 @@ class TokenLLMWorkload(_LLMWorkload):
             self._generation_inputs(row, options, model, length_input="request_output_len", stream_input="streaming")
         )
         outputs = tuple(name for name in ("output_ids", "sequence_length") if name in model.outputs)
+        # TRT-LLM returns the prompt before the generated ids in an offline answer unless the request sets
+        # exclude_input_in_output (sent whenever the model takes it); streamed responses never hold the prompt
+        echoed = 0 if options.stream or "exclude_input_in_output" in model.inputs else int(ids.size)
         return Request(
-            inputs=tensors, outputs=outputs, reference=row.reference, input_tokens=int(ids.size), context=ids
+            inputs=tensors, outputs=outputs, reference=row.reference, input_tokens=int(ids.size), context=echoed
         )
 
     def parse_chunk(self, outputs: Mapping[str, np.ndarray], request: Request) -> Chunk:
-        import numpy as np
-
         ids = _token_ids(outputs)
         if ids is None:
             return Chunk()
-        prompt = request.context
-        # A model that does not exclude the prompt returns prompt + generated tokens (offline): drop the prompt.
-        if ids.size > prompt.size and np.array_equal(ids[: prompt.size], prompt):
-            ids = ids[prompt.size :]
+        echoed = request.context or 0
+        if echoed:  # the prompt, echoed: drop exactly its length
+            if ids.size < echoed:
+                raise ValueError(f"{ids.size} output ids, fewer than the {echoed} of the prompt they should start with")
+            ids = ids[echoed:]
         return Chunk(tokens=int(ids.size), text="", token_ids=ids)
 
     def finish(self, request: Request, chunks: Sequence[Chunk]) -> Result:

@@ -5,6 +5,7 @@ Times come from ``perf_counter_ns``; a level's measured requests exclude its war
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import pairwise
@@ -18,17 +19,23 @@ if TYPE_CHECKING:
 #: What every reported number means (also written into summary.json).
 DEFINITIONS = {
     "e2e_ms": "last response of the request (the final flag of a stream) minus its send time",
-    "ttft_ms": "streamed requests: first response with content minus send time",
-    "itl_ms": "(E2E - TTFT) / (output tokens - tokens in the first chunk), when that denominator is > 0",
+    "ttft_ms": "streamed requests: first response with content minus send time; a request that generated no "
+    "token has none (left out of the statistics)",
+    "itl_ms": "(E2E - TTFT) / (output tokens - tokens in the first chunk), when that denominator is > 0 (not for "
+    "answers of zero tokens, nor when every token came in the first chunk)",
     "icl_ms": "gaps between consecutive chunks with content, pooled over the requests",
     "output_tokens_per_user": "output tokens / E2E of one request (tokens/s one user sees)",
     "duration_s": "window: last end minus first send over the measured requests",
     "request_throughput": "successful requests / window",
     "input_token_throughput": "input tokens of the successful requests / window",
     "output_token_throughput": "output tokens of the successful requests / window",
+    "zero_output_requests": "successful requests that generated no token (end-of-sequence first): counted with "
+    "0 output tokens, with no TTFT or ITL",
     "achieved_concurrency": "sum of the measured requests' E2E / window",
-    "goodput": "successful requests meeting every --slo limit (each 'at most') / window; a request without "
-    "a value for an SLO's metric (ITL of a one-token answer) does not fail it",
+    "goodput": "successful requests meeting every --slo limit (each 'at most') / window. A request without a "
+    "value for a limited metric fails that limit (a zero-token answer has no TTFT and meets no ttft_ms or itl_ms "
+    "limit; a TTS request without audio meets no first_chunk_ms or rtf limit), except itl_ms for a request "
+    "whose tokens all came in its first chunk (it has a TTFT, and no gap between tokens)",
     "token_source": "server: counted from returned token ids; retokenized: the output text re-encoded with the "
     "model's tokenizer",
     "accuracy.exact_match": "share of the successful requests with a reference output whose output equals it "
@@ -58,7 +65,16 @@ def slo_keys(family: str, stream: bool) -> tuple[str, ...]:
     return ("ttft_ms", "itl_ms", "e2e_ms") if stream else ("e2e_ms",)
 
 
+def check_slo_limits(slo: Mapping[str, float]) -> None:
+    """Raise UsageError unless every limit is a number > 0."""
+    for key, limit in slo.items():
+        if not (0 < limit < math.inf):
+            raise UsageError(f"--slo {key}={limit:g}: a limit must be > 0", hint="e.g. --slo ttft_ms=500,itl_ms=50")
+
+
 def check_slo(slo: Mapping[str, float], family: str, stream: bool) -> None:
+    """Raise UsageError unless every SLO bounds a metric of this family and mode by a number > 0."""
+    check_slo_limits(slo)
     known = slo_keys(family, stream)
     unknown = [key for key in slo if key not in known]
     if unknown:
@@ -148,7 +164,7 @@ def request_metrics(rec: Record, *, stream: bool, family: str) -> dict[str, Any]
         out["ttft_ms"] = first_ms
         defined = first_ms is not None and tokens is not None and first_tokens is not None and tokens > first_tokens
         out["itl_ms"] = (e2e_ms - first_ms) / (tokens - first_tokens) if defined else None
-        out["output_tokens_per_user"] = tokens / (e2e_ms / 1e3) if tokens and e2e_ms > 0 else None
+        out["output_tokens_per_user"] = tokens / (e2e_ms / 1e3) if tokens is not None and e2e_ms > 0 else None
     out["icl_ms"] = gaps
     if rec.reference is not None and rec.text is not None:
         out["exact_match"] = normalize_text(rec.text) == normalize_text(str(rec.reference))
@@ -157,7 +173,18 @@ def request_metrics(rec: Record, *, stream: bool, family: str) -> dict[str, Any]
 
 
 def meets_slo(metrics: Mapping[str, Any], slo: Mapping[str, float]) -> bool:
-    return all(metrics.get(key) is None or metrics[key] <= limit for key, limit in slo.items())
+    """Whether one request's metrics meet every limit (see ``DEFINITIONS["goodput"]``)."""
+    for key, limit in slo.items():
+        value = metrics.get(key)
+        if value is None:
+            # no ITL but a TTFT: every token came in the first chunk, so there is no gap to exceed the limit;
+            # anything else without a value produced nothing to time (no token, no audio) and fails
+            if key == "itl_ms" and metrics.get("ttft_ms") is not None:
+                continue
+            return False
+        if value > limit:
+            return False
+    return True
 
 
 def _per_second(amount: float | None, window_s: float) -> float | None:
@@ -227,6 +254,7 @@ def summarize_level(
         summary.update(
             token_source=token_source(ok),
             output_token_throughput=_per_second(known_out, window_s),
+            zero_output_requests=sum(1 for t in out_tokens if t == 0),
             input_token_throughput=_per_second(known_in, window_s),
             ttft_ms=series("ttft_ms"),
             itl_ms=series("itl_ms"),

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterable
+import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -264,8 +265,25 @@ def write_plots(summary: dict[str, Any], output_dir: Path) -> list[Path]:
     return [latency, throughput]
 
 
-def write_reports(run: PerfRun, output_dir: Path, *, plots: bool = True) -> list[Path]:
-    """Write summary.json, summary.csv, requests.jsonl and (with ``plots``) the PNG plots into ``output_dir``."""
+def warn_on_stderr(message: str) -> None:
+    """The default way a report warning reaches the user: one line on stderr."""
+    sys.stderr.write(f"Warning: {message}\n")
+    sys.stderr.flush()
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def write_reports(
+    run: PerfRun, output_dir: Path, *, plots: bool = True, warn: Callable[[str], None] = warn_on_stderr
+) -> list[Path]:
+    """Write summary.json, summary.csv, requests.jsonl and (with ``plots``) the PNG plots into ``output_dir``.
+
+    The plots come last, and a failure there (matplotlib missing, a plotting error) costs only the plots: it is
+    passed to ``warn`` as one line, and the other reports stay.
+    """
     output_dir.mkdir(parents=True, exist_ok=True)
     summary_json = output_dir / SUMMARY_JSON
     summary_json.write_text(json.dumps(run.summary, indent=2, default=str) + "\n", encoding="utf-8")
@@ -277,5 +295,13 @@ def write_reports(run: PerfRun, output_dir: Path, *, plots: bool = True) -> list
             fh.write(json.dumps(row, default=str) + "\n")
     written = [summary_json, summary_csv, requests]
     if plots and run.summary["levels"]:
-        written += write_plots(run.summary, output_dir)
+        try:
+            written += write_plots(run.summary, output_dir)
+        except ImportError as exc:
+            warn(
+                f"plots skipped: matplotlib cannot be imported ({_one_line(exc)}); "
+                "install it with `pip install 'trtdeploy[perf]'`, or pass --no-plots"
+            )
+        except Exception as exc:
+            warn(f"plots skipped: {_one_line(exc)} (the other reports are written)")
     return written

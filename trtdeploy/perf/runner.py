@@ -4,22 +4,31 @@ from __future__ import annotations
 
 import asyncio
 import math
+import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import PerfError, ServerError, UsageError
 from .loadgen import Level, LocalDriver, Record, WorkerPool, WorkerSpec
-from .metrics import DEFINITIONS, check_slo, summarize_level
+from .metrics import DEFINITIONS, check_slo, check_slo_limits, summarize_level
 from .stats import server_delta, snapshot
 from .transports import ControlClient
 from .transports import Protocol as Transport
 from .workload import InputRow, ModelInfo, RequestOptions, Workload
 
-#: Prompt length of the synthetic inputs used when no input is given.
+if TYPE_CHECKING:
+    from ..deployment import Deployment
+    from ..server import ServerInfo
+
+#: Prompt length of the synthetic inputs used when no input is given (at most the deployment's max_input_len).
 DEFAULT_ISL = 128
+#: Output length when neither the run nor an input row gives one (at most the deployment's max_output_len), for
+#: LLM workloads that do not set one of their own.
+DEFAULT_OSL = 128
 #: The fewest measured requests per level with synthetic inputs (4 x concurrency above that).
 SYNTHETIC_MIN = 16
 #: Triton's default ports: with ``--url`` on one of the first two and no ``--metrics-url``, metrics are on the third.
@@ -60,8 +69,9 @@ class LoadSettings:
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise UsageError(f"--workers must be >= 1, got {self.workers}")
-        if any(rate <= 0 for rate in self.request_rates):
-            raise UsageError("--request-rate values must be > 0")
+        bad = [rate for rate in self.request_rates if not (0 < rate < math.inf)]
+        if bad:
+            raise UsageError(f"--request-rate values must be > 0, got {bad[0]:g}", hint="e.g. --request-rate 5,10")
         if self.num_requests is not None and self.num_requests < 1:
             raise UsageError(f"--num-requests must be >= 1, got {self.num_requests}")
         if self.warmup is not None and self.warmup < 0:
@@ -193,6 +203,11 @@ class PerfSettings:
     output_dir: Path | None = None
     plots: bool = True
 
+    def __post_init__(self) -> None:
+        if self.url is not None:
+            check_url(self.url)
+        check_slo_limits(self.slo)
+
 
 def _choose_stream(requested: bool | None, model: ModelInfo, protocol: Transport) -> bool:
     stream = model.decoupled if requested is None else requested
@@ -297,19 +312,70 @@ async def run_levels(
     )
 
 
-def resolve_endpoint(url: str | None, protocol: Transport, metrics_url: str | None) -> tuple[Endpoint, Path | None]:
-    """The endpoint and the deployment of the server ``trtdeploy serve`` started (the one at ``url``, else the
-    latest); a ``url`` no such server answers on is taken as given, for the chosen protocol."""
+def check_url(url: str) -> str:
+    """``HOST:PORT`` of ``url`` (``[grpc|http]://HOST:PORT[/]`` is accepted too); UsageError if it is not one."""
+    scheme, sep, rest = url.strip().partition("://")
+    address = (rest if sep else scheme).rstrip("/")
+    host, _, port = address.rpartition(":")
+    if (sep and scheme not in ("grpc", "http", "https")) or not host or "/" in address or not port.isdigit():
+        raise UsageError(
+            f"--url {url!r} is not HOST:PORT",
+            hint="e.g. --url localhost:8001 (gRPC), or --url localhost:8000 --protocol http",
+        )
+    if not 0 < int(port) < 65536:
+        raise UsageError(f"--url {url!r}: port {port} is not between 1 and 65535")
+    return address
+
+
+def _same_path(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+def server_of(deployment: Path) -> ServerInfo:
+    """The most recently started running server (its :class:`~trtdeploy.server.ServerInfo`) that serves
+    ``deployment``; ServerError naming the deployment if none does."""
+    from ..server import running_servers
+
+    servers = running_servers()
+    for info in servers:
+        if info.deployment is not None and _same_path(Path(info.deployment), deployment):
+            return info
+    others = "; ".join(f"{info.grpc_url} serves {info.deployment}" for info in servers)
+    raise ServerError(
+        f"no running server serves {deployment}",
+        hint=f"start one with `trtdeploy serve {deployment} --background`, or pass --url HOST:PORT"
+        + (f" (running: {others})" if others else ""),
+    )
+
+
+def resolve_endpoint(
+    url: str | None, protocol: Transport, metrics_url: str | None, *, deployment: Path | None = None
+) -> tuple[Endpoint, Path | None]:
+    """The endpoint and the deployment of the server to load.
+
+    With ``url``: the server ``trtdeploy serve`` started there, or else ``url`` as given, for the chosen protocol.
+    Without: the running server that serves ``deployment`` (ServerError if none does), or with no deployment
+    either, the most recently started one.
+    """
     from ..server import current_server
 
-    info = current_server(url)
+    if url is not None:
+        check_url(url)
+        info = current_server(url)
+    elif deployment is not None:
+        info = server_of(deployment)
+    else:
+        info = current_server()
     if info.state_file is not None:
         server_url = info.grpc_url if protocol == "grpc" else info.http_url
         if server_url is None:
             raise ServerError(f"the server at {url or info.grpc_url} has no {protocol} endpoint")
         return Endpoint(server_url, protocol, metrics_url or info.metrics_url), info.deployment
     assert url is not None
-    url = url.split("://", 1)[-1].rstrip("/")
+    url = check_url(url)
     host, _, port = url.rpartition(":")
     if metrics_url is None and port in DEFAULT_PORTS[:2]:
         metrics_url = f"http://{host}:{DEFAULT_PORTS[2]}/metrics"
@@ -335,36 +401,141 @@ def default_output_dir(model: str) -> Path:
     return Path("perf-results") / f"{model}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def benchmark(settings: PerfSettings, *, progress: ProgressReporter | None = None) -> PerfRun:
-    """Run ``trtdeploy perf``: resolve the target, load the inputs, run every level, write the reports."""
-    from ..deployment import Deployment, find_latest
-    from .report import write_reports
+def prepare_output_dir(path: Path) -> list[Path]:
+    """Create the reports folder ``path`` and check that files can be written there, or raise UsageError.
 
-    endpoint, server_deployment = resolve_endpoint(settings.url, settings.protocol, settings.metrics_url)
-    path = settings.deployment or server_deployment
-    deployment = Deployment.load(path) if path is not None else find_latest()
-    workload = resolve_workload(deployment, settings.model)
-    rows = settings.inputs.load(workload, settings.load)
-    started = datetime.now().astimezone()
-    run = asyncio.run(
-        run_levels(
-            workload,
-            rows,
-            endpoint,
-            settings.load,
-            options=settings.options,
-            stream=settings.stream,
-            slo=settings.slo,
-            progress=progress,
-            synthetic=settings.inputs.synthetic,
+    Returns the folders created (the deepest first), to remove again if the run fails before writing anything.
+    """
+    created = []
+    for folder in (path, *path.parents):
+        if folder.exists() or folder.is_symlink():
+            break
+        created.append(folder)
+    hint = "pass --output-dir DIR, a folder you can write to"
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"cannot write reports to {path}: it is a file, not a folder", hint=hint)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        remove_empty(created)
+        raise UsageError(f"cannot write reports to {path}: {exc.strerror or exc}", hint=hint) from None
+    return created
+
+
+def remove_empty(folders: list[Path]) -> None:
+    """Remove each of ``folders`` (in order) that is empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
+def apply_limits(settings: PerfSettings, deployment: Deployment, workload: Workload) -> PerfSettings:
+    """``settings`` with the default lengths fitted to the deployment's limits (``max_input_len``,
+    ``max_output_len`` of its build), after refusing explicit lengths beyond them.
+
+    Default prompt length of synthetic inputs: min(DEFAULT_ISL, max_input_len). Default output length of an LLM
+    workload: ``--osl`` of the synthetic inputs if given, else min(the workload's own default, else DEFAULT_OSL,
+    max_output_len).
+    """
+    point = deployment.point
+    max_in, max_out = int(point.max_input_len), int(point.max_output_len)
+    inputs, options = settings.inputs, settings.options
+    if inputs.isl is not None and inputs.isl > max_in:
+        raise UsageError(
+            f"--isl {inputs.isl} is more than this deployment's max_input_len {max_in}",
+            hint=f"pass --isl {max_in} or less, or build the deployment with a larger --max-input-len",
         )
-    )
-    run.summary = {
-        "started_at": started.isoformat(timespec="seconds"),
-        "deployment": str(deployment.path),
-        "input": settings.inputs.describe(),
-        **run.summary,
-    }
-    run.output_dir = settings.output_dir or default_output_dir(run.summary["model"])
-    write_reports(run, run.output_dir, plots=settings.plots)
+    for osl in sorted({inputs.osl, options.max_tokens} - {None}):
+        if osl > max_out:
+            raise UsageError(
+                f"--osl {osl} is more than this deployment's max_output_len {max_out}",
+                hint=f"pass --osl {max_out} or less, or build the deployment with a larger --max-output-len",
+            )
+    if inputs.synthetic and inputs.isl is None:
+        inputs = replace(inputs, isl=min(DEFAULT_ISL, max_in))
+    if workload.family == "llm" and options.max_tokens is None:
+        own = getattr(workload, "max_tokens", None)
+        default = min(own if isinstance(own, int) else DEFAULT_OSL, max_out)
+        options = replace(options, max_tokens=inputs.osl or default)
+    return replace(settings, inputs=inputs, options=options)
+
+
+def check_row_lengths(rows: list[InputRow], deployment: Deployment) -> None:
+    """Refuse input rows that ask for more output tokens than the deployment's max_output_len."""
+    max_out = int(deployment.point.max_output_len)
+    for number, row in enumerate(rows, start=1):
+        if row.max_tokens is not None and row.max_tokens > max_out:
+            raise UsageError(
+                f"input row {number} asks for max_tokens {row.max_tokens}, more than this deployment's "
+                f"max_output_len {max_out}",
+                hint=f"keep max_tokens <= {max_out} in the input data",
+            )
+
+
+def resolve_target(settings: PerfSettings, warn: Callable[[str], None]) -> tuple[Endpoint, Deployment]:
+    """The endpoint to load and the deployment it serves (see :func:`resolve_endpoint`)."""
+    from ..deployment import Deployment, find_latest
+
+    if settings.deployment is not None:
+        deployment = Deployment.load(settings.deployment)
+        endpoint, served = resolve_endpoint(
+            settings.url, settings.protocol, settings.metrics_url, deployment=deployment.path
+        )
+        if served is not None and not _same_path(served, deployment.path):
+            warn(f"the server at {endpoint.url} serves {served}, not {deployment.path}; loading it as the latter")
+        return endpoint, deployment
+    endpoint, served = resolve_endpoint(settings.url, settings.protocol, settings.metrics_url)
+    return endpoint, Deployment.load(served) if served is not None else find_latest()
+
+
+def benchmark(
+    settings: PerfSettings,
+    *,
+    progress: ProgressReporter | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> PerfRun:
+    """Run ``trtdeploy perf``: resolve the target, check the reports folder, load the inputs, run every level,
+    write the reports. ``warn`` gets one line per problem that does not stop the run (default: stderr)."""
+    from .report import warn_on_stderr, write_reports
+
+    warn = warn or warn_on_stderr
+    endpoint, deployment = resolve_target(settings, warn)
+    workload = resolve_workload(deployment, settings.model)
+    settings = apply_limits(settings, deployment, workload)
+    output_dir = settings.output_dir or default_output_dir(workload.model_name)
+    created = prepare_output_dir(output_dir)  # before the load: a run is not lost for want of a folder
+    written = False
+    try:
+        rows = settings.inputs.load(workload, settings.load)
+        check_row_lengths(rows, deployment)
+        started = datetime.now().astimezone()
+        run = asyncio.run(
+            run_levels(
+                workload,
+                rows,
+                endpoint,
+                settings.load,
+                options=settings.options,
+                stream=settings.stream,
+                slo=settings.slo,
+                progress=progress,
+                synthetic=settings.inputs.synthetic,
+            )
+        )
+        run.summary = {
+            "started_at": started.isoformat(timespec="seconds"),
+            "deployment": str(deployment.path),
+            "input": settings.inputs.describe(),
+            **run.summary,
+        }
+        run.output_dir = output_dir
+        written = True
+        write_reports(run, output_dir, plots=settings.plots, warn=warn)
+    finally:
+        if not written:
+            remove_empty(created)
     return run

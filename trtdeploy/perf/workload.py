@@ -15,6 +15,7 @@ pickled state.
 from __future__ import annotations
 
 import copy
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -82,17 +83,38 @@ class InputRow:
 
 @dataclass(frozen=True)
 class RequestOptions:
-    """Generation settings of a run (``None``: leave the model's default)."""
+    """Generation settings of a run (``None``: leave the model's default).
+
+    Sampling follows TRT-LLM: with top_k and top_p both 0 (off, their defaults) it decodes greedily whatever the
+    temperature. So a temperature > 0 without a top_k > 0 or a top_p means sampling from the whole distribution:
+    ``top_p`` is set to 1.0. Temperature 0 is greedy.
+    """
 
     #: Stream the response (only against a decoupled model).
     stream: bool = False
     max_tokens: int | None = None
     #: Keep generating past the end-of-sequence token, so exactly ``max_tokens`` come out.
     ignore_eos: bool = False
+    #: >= 0; 0 is greedy.
     temperature: float | None = None
+    #: >= 0; 0 is off.
     top_k: int | None = None
+    #: In (0, 1].
     top_p: float | None = None
     seed: int | None = None
+
+    def __post_init__(self) -> None:
+        # written as "not (ok)" so that NaN is refused too
+        if self.max_tokens is not None and not self.max_tokens >= 1:
+            raise UsageError(f"--osl must be >= 1, got {self.max_tokens}")
+        if self.temperature is not None and not (0 <= self.temperature < math.inf):
+            raise UsageError(f"--temperature must be >= 0 (0: greedy), got {self.temperature:g}")
+        if self.top_k is not None and not self.top_k >= 0:
+            raise UsageError(f"--top-k must be >= 0 (0: off), got {self.top_k}")
+        if self.top_p is not None and not (0 < self.top_p <= 1):
+            raise UsageError(f"--top-p must be > 0 and <= 1, got {self.top_p:g}")
+        if self.temperature and not self.top_k and self.top_p is None:
+            object.__setattr__(self, "top_p", 1.0)  # temperature sampling over the whole distribution
 
 
 @dataclass

@@ -123,7 +123,7 @@ def test_an_interrupted_build_is_marked_failed(qwen_checkpoint, tmp_path, monkey
         ({"max_input_len": 0}, UsageError, "must be >= 1"),
         ({"revision": "v2"}, UsageError, "--revision picks what to download"),
         ({"options": {"preprocessing_instances": "0"}}, UsageError, "preprocessing_instances must be >= 1"),
-        ({"output_root": Path("/proc/no/such/folder")}, UsageError, "cannot write deployments under"),
+        ({"output_root": Path("/proc/no/such/folder")}, UsageError, "cannot write to /proc/no/such"),
     ],
 )
 def test_bad_requests_are_rejected_before_anything_runs(qwen_checkpoint, tmp_path, changes, error, message):

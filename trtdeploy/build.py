@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from .deployment import COMPLETE, MANIFEST, SCHEMA, Deployment
 from .download import Checkpoint, download, local_checkpoint
 from .engines.base import BuildStep, Engine
 from .errors import BuildError, UsageError
+from .fsutil import scratch_beside
 from .repo import TemplateSource, render_repository, template_models
 from .server._process import process_alive
 from .spec import MODES, BuildContext, BuildPoint, Mode, ModelSpec
@@ -240,18 +240,10 @@ def run(request: BuildRequest, *, force: bool = False, on_step: Callable[[str], 
     final = built.deployment_dir
     if not force and _is_up_to_date(final, digest):
         return BuildResult(Deployment.load(final), up_to_date=True)
-    try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale_scratch(final)
-        scratch = Path(tempfile.mkdtemp(prefix=f".{final.name}.building-{os.getpid()}-", dir=final.parent))
-    except OSError as exc:
-        raise UsageError(
-            f"cannot write deployments under {final.parent} ({exc.strerror or exc})",
-            hint="pass a writable --output-dir",
-        ) from None
-    umask = os.umask(0)
-    os.umask(umask)
-    scratch.chmod(0o777 & ~umask)  # mkdtemp makes it private; a deployment is shared like any folder
+    _remove_stale_scratch(final)
+    scratch = scratch_beside(
+        final, prefix=f".{final.name}.building-{os.getpid()}-", error=UsageError, hint="pass a writable --output-dir"
+    )
     manifest = _manifest(built, digest)
     try:
         _execute(built, scratch, manifest, on_step)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import NetworkError, NotFoundError, UsageError
+from .fsutil import atomic_dir
 
 if TYPE_CHECKING:
     from .spec import ModelSpec
@@ -90,16 +89,7 @@ def write_random(spec: ModelSpec, dest: Path) -> Checkpoint:
     dest = dest.expanduser()
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise UsageError(f"{dest} is not an empty folder", hint="pass a new or empty folder")
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
-    except OSError as exc:
-        raise UsageError(f"cannot write into {dest.parent} ({exc.strerror or exc})") from None
-    try:
-        spec.write_random_checkpoint(scratch / "checkpoint")
-        if dest.exists():
-            dest.rmdir()
-        (scratch / "checkpoint").rename(dest)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    if dest.exists():
+        dest.rmdir()
+    atomic_dir(dest, spec.write_random_checkpoint, error=UsageError, hint="pass a writable folder")
     return Checkpoint(dest.resolve())

@@ -122,6 +122,6 @@ def test_shim_gives_the_stub_the_venv_when_the_folder_has_no_python3(tmp_path: P
 def test_unwritable_cache_is_a_clear_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with pytest.raises(ServerError, match="cannot write to the cache folder") as caught:
+    with pytest.raises(ServerError, match=f"cannot write to {blocker}") as caught:
         prepare_backends(_bundled_distribution(), cache=blocker / "cache")
     assert "TRTDEPLOY_CACHE_DIR" in caught.value.hint

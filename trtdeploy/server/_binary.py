@@ -8,12 +8,12 @@ import os
 import shutil
 import sys
 import sysconfig
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ServerError
+from ..fsutil import atomic_dir
 
 #: Where NGC Triton images install the server.
 NGC_TRITONSERVER = Path("/opt/tritonserver/bin/tritonserver")
@@ -108,26 +108,7 @@ def check_numpy(version: str | None = None) -> None:
 
 
 def _atomic_dir(final: Path, populate: Callable[[Path], None]) -> Path:
-    """Create ``final`` by filling a temporary sibling and renaming it, so concurrent starts never see half of it."""
-    if final.is_dir():
-        return final
-    try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
-    except OSError as exc:
-        raise ServerError(
-            f"cannot write to the cache folder {final.parent}: {exc.strerror or exc}",
-            hint="point TRTDEPLOY_CACHE_DIR at a writable folder",
-        ) from None
-    try:
-        populate(scratch)
-        os.rename(scratch, final)
-    except OSError as exc:
-        if not final.is_dir():  # not a lost race: a real failure
-            raise ServerError(f"cannot prepare {final}: {exc.strerror or exc}") from None
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return final
+    return atomic_dir(final, populate, error=ServerError, hint="point TRTDEPLOY_CACHE_DIR at a writable folder")
 
 
 def python_version_tag() -> str:

@@ -1,0 +1,47 @@
+"""Folders written all at once: filled under a temporary name next to their place, then renamed into it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from .errors import TrtDeployError
+
+
+def scratch_beside(final: Path, *, prefix: str, error: type[TrtDeployError], hint: str) -> Path:
+    """A new empty folder next to ``final`` (same file system, so a rename moves it into place).
+
+    Its mode follows the umask like any new folder (``mkdtemp`` alone makes it private to its owner, which a
+    server running as another user could not read). Failing to create it raises ``error`` with ``hint``.
+    """
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=prefix, dir=final.parent))
+    except OSError as exc:
+        raise error(f"cannot write to {final.parent} ({exc.strerror or exc})", hint=hint) from None
+    umask = os.umask(0)
+    os.umask(umask)
+    scratch.chmod(0o777 & ~umask)
+    return scratch
+
+
+def atomic_dir(final: Path, populate: Callable[[Path], None], *, error: type[TrtDeployError], hint: str) -> Path:
+    """Create ``final`` by ``populate``-ing a scratch sibling and renaming it; an existing ``final`` is kept.
+
+    Concurrent writers never see half a folder: the first rename wins and the others' copies are dropped.
+    """
+    if final.is_dir():
+        return final
+    scratch = scratch_beside(final, prefix=f".{final.name}-", error=error, hint=hint)
+    try:
+        populate(scratch)
+        os.rename(scratch, final)
+    except OSError as exc:
+        if not final.is_dir():  # not a lost race: a real failure
+            raise error(f"cannot write {final} ({exc.strerror or exc})", hint=hint) from None
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return final

@@ -12,7 +12,7 @@ import typer
 
 from .. import __version__
 from ..errors import ExitCode, TrtDeployError
-from ._output import err
+from ._output import err, warn
 
 #: (module, command name): each module under trtdeploy.cli defines a function of the same name as the module.
 COMMANDS = (
@@ -68,7 +68,7 @@ def _show_plugin_warnings_as_lines() -> None:
 
     def show(message, category, *args, **kwargs):  # type: ignore[no-untyped-def]
         if issubclass(category, PluginLoadWarning):
-            err.print(f"[yellow]Warning:[/] {message}", soft_wrap=True)
+            warn(str(message))
         else:
             original(message, category, *args, **kwargs)
 

@@ -6,15 +6,10 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
-from rich.markup import escape
 
 from ..errors import UsageError
 from ._options import DeploymentArg, JsonOpt, parse_int_list, parse_key_values
-from ._output import emit_json, err, out
-
-
-def _warn(message: str) -> None:
-    err.print(f"[yellow]Warning:[/] {escape(message)}", soft_wrap=True)
+from ._output import emit_json, err, out, warn
 
 
 def _parse_rates(text: str) -> list[float]:
@@ -194,7 +189,7 @@ def perf(
         plots=plots,
     )
     with LiveProgress(err) as progress:
-        run = benchmark(settings, progress=progress, warn=_warn)
+        run = benchmark(settings, progress=progress, warn=warn)
     if json:
         emit_json(run.summary)
     else:

@@ -508,7 +508,7 @@ def benchmark(
     settings = apply_limits(settings, deployment, workload)
     output_dir = settings.output_dir or default_output_dir(workload.model_name)
     created = prepare_output_dir(output_dir)  # before the load: a run is not lost for want of a folder
-    written = False
+    measured = False
     try:
         rows = settings.inputs.load(workload, settings.load)
         check_row_lengths(rows, deployment)
@@ -533,9 +533,9 @@ def benchmark(
             **run.summary,
         }
         run.output_dir = output_dir
-        written = True
+        measured = True
         write_reports(run, output_dir, plots=settings.plots, warn=warn)
     finally:
-        if not written:
+        if not measured:  # nothing to report: leave no empty folder behind
             remove_empty(created)
     return run

@@ -183,3 +183,12 @@ def test_load_plugins_allow_list(tmp_path):
     names = [p["name"] for p in json.loads(result.stdout)["plugins"]]
     assert "qwen_llm" not in names
     assert "trtdeploy.engines.torch" in names
+
+
+def test_auto_engine_is_the_best_usable_one_or_says_why_there_is_none(monkeypatch):
+    from trtdeploy.plugins import get_engine
+
+    assert get_engine("auto").name == "torch"
+    monkeypatch.setattr(type(get_engine("torch")), "unavailable_reason", lambda self: "torch not installed")
+    with pytest.raises(trtdeploy.UsageError, match=r"no engine is usable here \(torch: torch not installed\)"):
+        get_engine("auto")

@@ -37,7 +37,7 @@ class BuildRequest:
     """What the user asked for on the command line."""
 
     model: str
-    engine: str = "torch"
+    engine: str = "auto"
     gpu: str | None = None
     precision: str | None = None
     max_batch_size: int = 8
@@ -172,7 +172,7 @@ def _assemble(
     variables = {"ctx": context, "engine": engine.template_context(context), "model": spec.template_context(context)}
     templates = [
         TemplateSource(engine.templates_dir, (LLM_TEMPLATE,), variables),
-        TemplateSource(spec.templates_dir, template_models(spec.templates_dir), variables),
+        TemplateSource(spec.templates_dir, _model_templates(spec, context.point.mode), variables),
     ]
     return Plan(
         spec=spec,
@@ -185,6 +185,18 @@ def _assemble(
         steps=engine.steps(context),
         templates=templates,
     )
+
+
+def _model_templates(spec: ModelSpec, mode: Mode) -> tuple[str, ...]:
+    """The plugin's template models for ``mode``; BuildError when the plugin names one it has no template for."""
+    available = template_models(spec.templates_dir)
+    chosen = spec.triton_models(mode)
+    if chosen is None:
+        return available
+    unknown = sorted(set(chosen) - set(available))
+    if unknown:
+        raise BuildError(f"model {spec.name!r} asks for templates it does not have: {', '.join(unknown)}")
+    return tuple(sorted(chosen))
 
 
 def _hub_cache_path(repo_id: str, revision: str | None) -> Path:

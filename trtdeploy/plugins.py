@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 ENTRY_POINT_GROUP = "trtdeploy"
 #: Built-in plugins: loaded like any other plugin, through the same hooks.
 DEFAULT_PLUGINS = ("trtdeploy.engines.torch",)
+#: ``--engine`` value that picks the best usable engine.
+AUTO_ENGINE = "auto"
 
 pm = pluggy.PluginManager("trtdeploy")
 pm.add_hookspecs(hookspecs)
@@ -165,7 +167,22 @@ def get_model(name: str) -> ModelSpec:
 
 
 def get_engine(name: str) -> Engine:
+    """The engine called ``name``; ``auto``: the usable one of highest rank (see :attr:`Engine.rank`)."""
+    if name == AUTO_ENGINE:
+        return best_engine()
     return _lookup(get_engines(), "engine", name)
+
+
+def best_engine() -> Engine:
+    """The usable engine of highest rank (UsageError listing why each is unusable when none is)."""
+    engines = sorted(get_engines().values(), key=lambda engine: -engine.rank)
+    reasons = []
+    for engine in engines:
+        reason = engine.unavailable_reason()
+        if reason is None:
+            return engine
+        reasons.append(f"{engine.name}: {reason}")
+    raise UsageError("no engine is usable here (" + "; ".join(reasons or ["none is installed"]) + ")")
 
 
 def _version_of(plugin: ModuleType | Any, name: str) -> str | None:

@@ -141,6 +141,10 @@ class ModelSpec(ABC):
     def entry_model(self, mode: Mode) -> str:
         """The Triton model a client calls in this mode."""
 
+    def triton_models(self, mode: Mode) -> tuple[str, ...] | None:
+        """The template models a deployment in ``mode`` renders (besides the LLM); None: all of them."""
+        return None
+
     def template_context(self, ctx: BuildContext) -> dict[str, Any]:
         """Extra variables for this model's templates (under the name ``model``)."""
         return {}

@@ -67,7 +67,7 @@ def test_bad_load_settings(kwargs):
 
 def test_inputs_are_exclusive(tmp_path):
     with pytest.raises(UsageError, match="--input-data and --isl are exclusive"):
-        InputSpec(jsonl=tmp_path / "a.jsonl", isl=5)
+        InputSpec(input_data=tmp_path / "a.jsonl", isl=5)
     with pytest.raises(UsageError, match="go with --dataset"):
         InputSpec(column="text")
 

@@ -18,8 +18,12 @@ def build(
     model: ModelArg,
     *,
     engine: Annotated[
-        str, typer.Option(help="Engine serving the LLM (installed ones: `trtdeploy plugins`).")
-    ] = "torch",
+        str,
+        typer.Option(
+            help="Engine serving the LLM (installed ones: `trtdeploy plugins`); auto: the best one usable here "
+            "(trtllm, then trtllm_pytorch, then torch)."
+        ),
+    ] = "auto",
     gpu: Annotated[
         str | None, typer.Option(help="Target GPU profile (L4, H100, ... with optional :COUNT), auto or cpu.")
     ] = None,

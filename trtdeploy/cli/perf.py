@@ -75,7 +75,11 @@ def perf(
     ] = None,
     workers: Annotated[int, typer.Option(help="Client processes sharing the load (when one core is not enough).")] = 1,
     input_data: Annotated[
-        Path | None, typer.Option(help='Prompts file, one {"input": ..., "output": ...} per line (jsonl).')
+        Path | None,
+        typer.Option(
+            help='Inputs file. LLMs: jsonl, one {"input": ..., "output": ...} per line. TTS: jsonl of '
+            "reference_audio, reference_text, target_text, or a seed-tts-eval folder or meta.lst."
+        ),
     ] = None,
     dataset: Annotated[
         str | None, typer.Option(help="Hugging Face dataset: Hub name or local folder/.json/.jsonl/.csv/.parquet.")
@@ -136,6 +140,18 @@ def perf(
         Path | None, typer.Option(help="Where reports go (default: perf-results/<model>-<timestamp>/).")
     ] = None,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write latency and throughput plots.")] = True,
+    asr_url: Annotated[
+        str | None,
+        typer.Option(
+            help="TTS: transcribe the generated speech with the Whisper model served at this gRPC HOST:PORT and "
+            "report WER/CER against the target texts (seed-tts-eval's rules). Needs a Whisper deployment: "
+            "NVIDIA's whisper_bls contract (TEXT_PREFIX, WAV, WAV_LENS -> TRANSCRIPTS)."
+        ),
+    ] = None,
+    asr_model: Annotated[str, typer.Option(help="The Whisper model's name at --asr-url.")] = "whisper_bls",
+    asr_language: Annotated[
+        str | None, typer.Option(help="en or zh for every utterance (default: told from each target text).")
+    ] = None,
     json: JsonOpt = False,
 ) -> None:
     """Benchmark a served deployment: TTFT, ITL, latency and throughput per concurrency level or request rate."""
@@ -145,10 +161,12 @@ def perf(
             "--concurrency and --request-rate are exclusive",
             hint="choose a closed loop (--concurrency) or an open loop (--request-rate)",
         )
+    if asr_language not in (None, "en", "zh"):
+        raise UsageError(f"--asr-language must be en or zh, got {asr_language!r}")
     if not 0.0 <= max_error_rate <= 1.0:
         raise UsageError(f"--max-error-rate must be between 0 and 1, got {max_error_rate:g}", hint="e.g. 0.01")
     from ..perf.report import LiveProgress, print_table
-    from ..perf.runner import InputSpec, LoadSettings, PerfSettings, benchmark
+    from ..perf.runner import AsrSettings, InputSpec, LoadSettings, PerfSettings, benchmark
     from ..perf.workload import RequestOptions
 
     settings = PerfSettings(
@@ -168,7 +186,7 @@ def perf(
             seed=seed,
         ),
         inputs=InputSpec(
-            jsonl=input_data,
+            input_data=input_data,
             dataset=dataset,
             split=split,
             column=column,
@@ -187,6 +205,7 @@ def perf(
         slo=_parse_slo(slo) if slo else {},
         output_dir=output_dir,
         plots=plots,
+        asr=AsrSettings(url=asr_url, model=asr_model, language=asr_language) if asr_url else None,
     )
     with LiveProgress(err) as progress:
         run = benchmark(settings, progress=progress, warn=warn)

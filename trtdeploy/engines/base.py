@@ -37,6 +37,8 @@ class Engine(ABC):
     precisions: ClassVar[tuple[str, ...]]
     #: Folder holding the LLM model template: ``tensorrt_llm/config.pbtxt.j2`` and ``tensorrt_llm/1/*``.
     templates_dir: ClassVar[Path]
+    #: Rank for ``--engine auto``: the usable engine with the highest rank serves the build.
+    rank: ClassVar[int] = 0
 
     @abstractmethod
     def unavailable_reason(self) -> str | None:

@@ -66,7 +66,7 @@ def load_dataset_rows(
     reference_column: str | None = None,
 ) -> list[InputRow]:
     """Rows of a dataset through ``datasets``: a Hub name, or a local folder / .json / .jsonl / .csv / .parquet."""
-    dataset = _load_split(source, split)
+    dataset = load_split(source, split)
     columns = list(dataset.column_names)
     if column is None:
         column = next((name for name in DEFAULT_COLUMNS if name in columns), None)
@@ -94,7 +94,8 @@ def load_dataset_rows(
     return rows
 
 
-def _load_split(source: str, split: str | None) -> Any:
+def load_split(source: str, split: str | None) -> Any:
+    """One split of a dataset (see :func:`load_dataset_rows` for the sources); errors name the fix."""
     try:
         import datasets
     except ImportError as exc:

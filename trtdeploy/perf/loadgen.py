@@ -58,6 +58,9 @@ class Record:
         "text",
         "reference",
         "audio_seconds",
+        "audio",
+        "sample_rate",
+        "label",
         "scores",
     )
 
@@ -85,6 +88,9 @@ class Record:
         self.token_source = result.token_source
         self.text = result.text
         self.audio_seconds = result.audio_seconds
+        self.audio = result.audio
+        self.sample_rate = result.sample_rate
+        self.label = request.label
         self.scores = dict(result.scores)
         self.raw = None
 
@@ -231,8 +237,12 @@ class LevelRunner:
             await asyncio.gather(*tasks)
 
     def decode(self, records: list[Record], level: int) -> None:
-        """Read every kept response through the workload; an unreadable one fails its request."""
+        """Read every kept response through the workload; an unreadable one fails its request.
+
+        Audio is kept for the first measured request of each input row (what the reports save), not for others.
+        """
         workload, decode = self.workload, self.transport.decode
+        audio_rows: set[int] = set()
         for rec in records:
             request = self.requests[rec.row]
             chunks: list[Any] = []
@@ -251,6 +261,10 @@ class LevelRunner:
                     chunks, times, result = [], [], Result()
             rec.chunk_ns = times
             rec.set_result(level, self.worker, request, result, chunks)
+            if rec.audio is not None and (rec.warmup or rec.row in audio_rows):
+                rec.audio = None
+            elif rec.audio is not None:
+                audio_rows.add(rec.row)
 
 
 # --- worker processes ------------------------------------------------------------------------------------------

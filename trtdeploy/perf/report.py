@@ -1,10 +1,13 @@
-"""What a run shows and writes: a live progress bar, a console table, summary.json/.csv, requests.jsonl, plots."""
+"""What a run shows and writes: a live progress bar, a console table, summary.json/.csv, requests.jsonl, plots,
+and the generated audio (TTS)."""
 
 from __future__ import annotations
 
 import csv
 import json
+import re
 import sys
+import wave
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +25,7 @@ SUMMARY_CSV = "summary.csv"
 REQUESTS_JSONL = "requests.jsonl"
 LATENCY_PNG = "latency.png"
 THROUGHPUT_PNG = "throughput.png"
+AUDIO_DIR = "audio"
 #: Client CPU utilization from which the table warns that the client may have been the bottleneck.
 CLIENT_BUSY = 0.9
 
@@ -69,6 +73,10 @@ def _num(value: Any) -> str:
     return f"{value:.2f}" if abs(value) < 10 else f"{value:.1f}"
 
 
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
 _NAMES = {"first_chunk_ms": "1st chunk", "ttft_ms": "TTFT", "itl_ms": "ITL", "e2e_ms": "E2E"}
 
 
@@ -97,17 +105,29 @@ def results_table(summary: dict[str, Any]) -> Table:
         metrics = ("ttft_ms", "itl_ms", "e2e_ms") if summary["stream"] else ("e2e_ms",)
     columns = ["rate" if open_loop else "concurrency", "requests", "errors", "req/s", "RTF" if tts else "out tok/s"]
     columns += [f"{_NAMES[metric]} p50/p99" for metric in metrics] + ["goodput"]
+    asr = tts and any(level.get("asr") for level in levels)
+    if tts:
+        columns.insert(columns.index("goodput"), "E2E avg")
+    if asr:
+        columns += ["WER", "CER"]
     for name in columns:
         table.add_column(name, justify="right")
     for level in levels:
         row = [_x_label(level), str(level["requests"]), str(level["errors"]), _num(level["request_throughput"])]
         row.append(_num(level["rtf_aggregate"] if tts else level["output_token_throughput"]))
         row += [f"{_num(_stat(level, m, 'p50'))}/{_num(_stat(level, m, 'p99'))}" for m in metrics]
+        if tts:
+            row.append(_num(_stat(level, "e2e_ms", "mean")))
         row.append(_num(level["goodput"]))
+        if asr:
+            scores = level.get("asr") or {}
+            row += [_percent(scores.get("wer_mean")), _percent(scores.get("cer_mean"))]
         table.add_row(*row, style="red" if level["errors"] else None)
     notes = ["latencies in ms"]
     if not tts and levels and levels[0].get("token_source"):
         notes.append(f"tokens: {levels[0]['token_source']}")
+    if asr:
+        notes.append("WER/CER: mean per utterance (seed-tts-eval)")
     if summary.get("slo"):
         notes.append("goodput: req/s meeting " + ", ".join(f"{k}<={v:g}" for k, v in summary["slo"].items()))
     if any((level["client_cpu_utilization"] or 0) >= CLIENT_BUSY for level in levels):
@@ -207,6 +227,42 @@ def request_rows(run: PerfRun) -> Iterable[dict[str, Any]]:
         yield row
 
 
+def level_folder(level: dict[str, Any]) -> str:
+    """``c4`` for concurrency 4, ``rate2.5`` for 2.5 requests/s."""
+    rate = level["request_rate"]
+    return f"c{level['concurrency']}" if rate is None else f"rate{rate:g}"
+
+
+def audio_paths(run: PerfRun) -> dict[int, Path]:
+    """Where each record with audio is saved, by record index: ``audio/<level>/<label>.wav`` (relative)."""
+    levels = {level["level"]: level for level in run.summary["levels"]}
+    paths: dict[int, Path] = {}
+    taken: set[Path] = set()
+    for index, rec in enumerate(run.records):
+        if rec.audio is None:
+            continue
+        name = re.sub(r"[^A-Za-z0-9._-]+", "_", rec.label or "")[:100].strip("._") or f"row{rec.row:05d}"
+        path = Path(AUDIO_DIR) / level_folder(levels[rec.level]) / f"{name}.wav"
+        if path in taken:
+            path = path.with_name(f"{name}-row{rec.row:05d}.wav")
+        taken.add(path)
+        paths[index] = path
+    return paths
+
+
+def write_wav(path: Path, samples: Any, sample_rate: int) -> None:
+    """16-bit PCM mono WAV of float samples in [-1, 1] (clipped)."""
+    import numpy as np
+
+    pcm = (np.clip(np.asarray(samples, dtype=np.float32), -1.0, 1.0) * 32767.0).round().astype("<i2")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with wave.open(str(path), "wb") as fh:
+        fh.setnchannels(1)
+        fh.setsampwidth(2)
+        fh.setframerate(sample_rate)
+        fh.writeframes(pcm.tobytes())
+
+
 def _level_axis(axis: Any, xs: list[float], open_loop: bool) -> None:
     """Ticks at the levels; concurrency on a log2 scale (levels usually double)."""
     if not open_loop and len(xs) > 1:
@@ -279,7 +335,8 @@ def _one_line(exc: BaseException) -> str:
 def write_reports(
     run: PerfRun, output_dir: Path, *, plots: bool = True, warn: Callable[[str], None] = warn_on_stderr
 ) -> list[Path]:
-    """Write summary.json, summary.csv, requests.jsonl and (with ``plots``) the PNG plots into ``output_dir``.
+    """Write summary.json, summary.csv, requests.jsonl, the audio (``audio/<level>/<label>.wav``) and (with
+    ``plots``) the PNG plots into ``output_dir``.
 
     The plots come last, and a failure there (matplotlib missing, a plotting error) costs only the plots: it is
     passed to ``warn`` as one line, and the other reports stay.
@@ -289,11 +346,17 @@ def write_reports(
     summary_json.write_text(json.dumps(run.summary, indent=2, default=str) + "\n", encoding="utf-8")
     summary_csv = output_dir / SUMMARY_CSV
     write_csv(summary_csv, (_flatten(level) for level in run.summary["levels"]))
+    audio = audio_paths(run)
+    for index, path in audio.items():
+        rec = run.records[index]
+        write_wav(output_dir / path, rec.audio, rec.sample_rate)
     requests = output_dir / REQUESTS_JSONL
     with open(requests, "w", encoding="utf-8") as fh:
-        for row in request_rows(run):
+        for index, row in enumerate(request_rows(run)):
+            if index in audio:
+                row["audio_file"] = audio[index].as_posix()
             fh.write(json.dumps(row, default=str) + "\n")
-    written = [summary_json, summary_csv, requests]
+    written = [summary_json, summary_csv, requests, *(output_dir / path for path in audio.values())]
     if plots and run.summary["levels"]:
         try:
             written += write_plots(run.summary, output_dir)

@@ -114,9 +114,9 @@ class Endpoint:
 
 @dataclass(frozen=True)
 class InputSpec:
-    """Where input rows come from: a jsonl file, a dataset, or synthetic prompts (the default)."""
+    """Where input rows come from: a file (--input-data), a dataset, or synthetic inputs (the default)."""
 
-    jsonl: Path | None = None
+    input_data: Path | None = None
     dataset: str | None = None
     split: str | None = None
     column: str | None = None
@@ -127,7 +127,7 @@ class InputSpec:
     def __post_init__(self) -> None:
         given = [
             name
-            for name, value in (("--input-data", self.jsonl), ("--dataset", self.dataset), ("--isl", self.isl))
+            for name, value in (("--input-data", self.input_data), ("--dataset", self.dataset), ("--isl", self.isl))
             if value is not None
         ]
         if len(given) > 1:
@@ -140,27 +140,36 @@ class InputSpec:
 
     @property
     def synthetic(self) -> bool:
-        return self.jsonl is None and self.dataset is None
+        return self.input_data is None and self.dataset is None
 
     def describe(self) -> str:
-        if self.jsonl is not None:
-            return str(self.jsonl)
+        if self.input_data is not None:
+            return str(self.input_data)
         if self.dataset is not None:
             return self.dataset + (f" [{self.split}]" if self.split else "")
         return f"synthetic isl={self.isl or DEFAULT_ISL}"
 
     def load(self, workload: Workload, load: LoadSettings) -> list[InputRow]:
-        from .inputs import load_dataset_rows, load_jsonl
-
-        if self.jsonl is not None:
-            return load_jsonl(self.jsonl)
+        if self.input_data is not None:
+            return workload.load_input_data(self.input_data)
         if self.dataset is not None:
-            return load_dataset_rows(
+            return workload.load_dataset(
                 self.dataset, split=self.split, column=self.column, reference_column=self.reference_column
             )
         return workload.synthetic_rows(
             load.synthetic_rows(), input_tokens=self.isl or DEFAULT_ISL, output_tokens=self.osl, seed=load.seed
         )
+
+
+@dataclass(frozen=True)
+class AsrSettings:
+    """Where generated speech is transcribed for WER/CER (``--asr-url``): a Whisper model on Triton (gRPC)."""
+
+    url: str
+    model: str = "whisper_bls"
+    #: ``en``, ``zh``, or None to tell each utterance's language from its text.
+    language: str | None = None
+    concurrency: int = 4
 
 
 @dataclass
@@ -202,6 +211,7 @@ class PerfSettings:
     slo: dict[str, float] = field(default_factory=dict)
     output_dir: Path | None = None
     plots: bool = True
+    asr: AsrSettings | None = None
 
     def __post_init__(self) -> None:
         if self.url is not None:
@@ -492,6 +502,28 @@ def resolve_target(settings: PerfSettings, warn: Callable[[str], None]) -> tuple
     return endpoint, Deployment.load(served) if served is not None else find_latest()
 
 
+async def score_speech(run: PerfRun, asr: AsrSettings) -> None:
+    """Transcribe the kept audio of every level (one request per input row) and score it against the target
+    text: ``wer``/``cer`` in each record's scores, the transcript as its text, and each level's ``asr`` summary."""
+    from . import asr as speech
+    from .tts import resample
+
+    scored = [rec for rec in run.records if rec.audio is not None and rec.reference is not None]
+    languages = [asr.language or speech.detect_language(str(rec.reference)) for rec in scored]
+    wavs = [resample(rec.audio, rec.sample_rate, speech.SAMPLE_RATE) for rec in scored]
+    texts = await speech.transcribe(asr.url, wavs, languages, model=asr.model, concurrency=asr.concurrency)
+    by_level: dict[int, list[Any]] = {}
+    for rec, text, language in zip(scored, texts, languages, strict=True):
+        result = speech.score(text, str(rec.reference), language)
+        rec.text = text
+        rec.scores.update(wer=result.wer, cer=result.cer)
+        by_level.setdefault(rec.level, []).append(result)
+    for level in run.summary["levels"]:
+        level["asr"] = speech.aggregate(by_level.get(level["level"], []))
+    run.summary["asr"] = {"url": asr.url, "model": asr.model, "language": asr.language or "auto"}
+    run.summary["definitions"] = {**run.summary["definitions"], "asr": speech.DEFINITION}
+
+
 def benchmark(
     settings: PerfSettings,
     *,
@@ -505,6 +537,15 @@ def benchmark(
     warn = warn or warn_on_stderr
     endpoint, deployment = resolve_target(settings, warn)
     workload = resolve_workload(deployment, settings.model)
+    if workload.family == "tts":
+        if settings.inputs.isl is not None:
+            raise UsageError("--isl sets the prompt length of LLM workloads; speech inputs have no token length")
+    elif settings.asr is not None:
+        raise UsageError(f"--asr-url scores speech; {workload.model_name!r} is not a TTS model")
+    if settings.asr is not None:
+        from .asr import check_whisper
+
+        asyncio.run(check_whisper(settings.asr.url, settings.asr.model))
     settings = apply_limits(settings, deployment, workload)
     output_dir = settings.output_dir or default_output_dir(workload.model_name)
     created = prepare_output_dir(output_dir)  # before the load: a run is not lost for want of a folder
@@ -534,6 +575,8 @@ def benchmark(
         }
         run.output_dir = output_dir
         measured = True
+        if settings.asr is not None:
+            asyncio.run(score_speech(run, settings.asr))
         write_reports(run, output_dir, plots=settings.plots, warn=warn)
     finally:
         if not measured:  # nothing to report: leave no empty folder behind

@@ -19,6 +19,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from ..errors import UsageError
@@ -130,6 +131,8 @@ class Request:
     input_tokens: int | None = None
     #: Anything :meth:`Workload.parse_chunk`/:meth:`Workload.finish` need later (e.g. the prompt's token ids).
     context: Any = None
+    #: A short name for the files of this request's output (e.g. the dataset's ``id``).
+    label: str | None = None
 
 
 @dataclass
@@ -143,6 +146,8 @@ class Chunk:
     token_ids: np.ndarray | None = None
     #: Seconds of audio in this chunk (TTS).
     audio_seconds: float = 0.0
+    #: The audio samples themselves (TTS; mono float32), for the saved output.
+    audio: np.ndarray | None = None
 
     @property
     def has_content(self) -> bool:
@@ -163,6 +168,9 @@ class Result:
     text: str | None = None
     #: Seconds of audio produced (TTS).
     audio_seconds: float | None = None
+    #: The audio produced (TTS; mono float32 at ``sample_rate``), saved beside the reports.
+    audio: np.ndarray | None = None
+    sample_rate: int | None = None
     #: Extra per-request scores (e.g. ``wer``); the report gives the mean of each over the level.
     scores: dict[str, float] = field(default_factory=dict)
 
@@ -197,6 +205,20 @@ class Workload(ABC):
     @abstractmethod
     def finish(self, request: Request, chunks: Sequence[Chunk]) -> Result:
         """Per-request fields from the chunks with content, in arrival order."""
+
+    def load_input_data(self, path: Path) -> list[InputRow]:
+        """Rows of ``--input-data PATH``; the default reads jsonl lines ``{"input", "output", "max_tokens"}``."""
+        from .inputs import load_jsonl
+
+        return load_jsonl(path)
+
+    def load_dataset(
+        self, source: str, *, split: str | None, column: str | None, reference_column: str | None
+    ) -> list[InputRow]:
+        """Rows of ``--dataset SOURCE``. The default reads a prompt column (and a reference column) as text."""
+        from .inputs import load_dataset_rows
+
+        return load_dataset_rows(source, split=split, column=column, reference_column=reference_column)
 
     def synthetic_rows(self, count: int, *, input_tokens: int, output_tokens: int | None, seed: int) -> list[InputRow]:
         """``count`` synthetic rows of exactly ``input_tokens`` tokens, asking for ``output_tokens`` (``--isl/--osl``;

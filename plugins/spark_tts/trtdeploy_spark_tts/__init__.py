@@ -1,0 +1,161 @@
+"""trtdeploy plugin for Spark-TTS (SparkAudio/Spark-TTS-0.5B): voice-cloning speech synthesis on Triton.
+
+The deployment: ``audio_tokenizer`` (BiCodec + wav2vec2: reference audio → tokens), ``tensorrt_llm`` (the Qwen2
+LLM in ``LLM/``, served by whichever engine the build chose), ``vocoder`` (BiCodec decoder: tokens → 16 kHz audio),
+and the BLS entry ``spark_tts``. A streaming deployment adds ``spark_tts_offline``, the same model answering in one
+piece, on the same LLM and vocoder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trtdeploy
+from trtdeploy import BuildContext, Deployment, Mode, ModelSpec, UsageError
+
+from .prompt import GLOBAL_TOKENS, TOKENS_PER_SECOND
+
+if TYPE_CHECKING:
+    from trtdeploy.perf.tts import TTSWorkload
+
+__version__ = "0.1.0"
+
+#: Files of the official checkpoint layout this plugin reads.
+REQUIRED_FILES = (
+    "config.yaml",
+    "BiCodec/config.yaml",
+    "BiCodec/model.safetensors",
+    "wav2vec2-large-xlsr-53/config.json",
+    "wav2vec2-large-xlsr-53/preprocessor_config.json",
+    "LLM/config.json",
+    "LLM/tokenizer_config.json",
+)
+#: Prompt tokens kept for the reference and target texts when deriving the longest reference audio accepted.
+TEXT_TOKEN_ALLOWANCE = 256
+
+
+@dataclass(frozen=True)
+class SparkOptions:
+    """Settings of a spark_tts deployment (``trtdeploy build spark_tts -o KEY=VALUE``); requests may override the
+    sampling settings and the token cap."""
+
+    temperature: float = 0.8
+    top_k: int = 50
+    top_p: float = 0.95
+    repetition_penalty: float = 1.0
+    #: Most semantic tokens generated per request (50 per second of audio); 0: the build's --max-output-len.
+    max_new_tokens: int = 0
+    #: Longest reference audio accepted; 0: as much as --max-input-len leaves room for (at most 30 s).
+    max_reference_seconds: float = 0.0
+    #: Streaming: audio in the first chunk, growth factor of the following chunks, and their largest size.
+    chunk_seconds: float = 0.5
+    chunk_growth: float = 4.0
+    max_chunk_seconds: float = 30.0
+    #: Streaming: audio cross-faded between consecutive chunks.
+    chunk_overlap_seconds: float = 0.1
+    #: Streaming: tokens before a chunk re-read by the vocoder; -1: the vocoder's receptive radius.
+    vocoder_context_tokens: int = -1
+    #: Instances of the BLS entry (each serves one request at a time); 0: --max-batch-size.
+    bls_instances: int = 0
+    tokenizer_instances: int = 1
+    vocoder_instances: int = 1
+
+    def __post_init__(self) -> None:
+        checks = {
+            "temperature": self.temperature >= 0,
+            "top_k": self.top_k >= 0,
+            "top_p": 0 <= self.top_p <= 1,
+            "repetition_penalty": self.repetition_penalty > 0,
+            "max_new_tokens": self.max_new_tokens >= 0,
+            "max_reference_seconds": self.max_reference_seconds >= 0,
+            "chunk_seconds": self.chunk_seconds * TOKENS_PER_SECOND >= 1,
+            "chunk_growth": self.chunk_growth >= 1,
+            "max_chunk_seconds": self.max_chunk_seconds >= self.chunk_seconds,
+            "chunk_overlap_seconds": 0 <= self.chunk_overlap_seconds < self.chunk_seconds,
+            "vocoder_context_tokens": self.vocoder_context_tokens >= -1,
+            "bls_instances": self.bls_instances >= 0,
+            "tokenizer_instances": self.tokenizer_instances >= 1,
+            "vocoder_instances": self.vocoder_instances >= 1,
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError(f"-o {bad[0]}={getattr(self, bad[0])} is out of range (see the plugin's README)")
+
+
+class SparkTTS(ModelSpec):
+    name = "spark_tts"
+    description = "Spark-TTS-0.5B voice cloning: BiCodec + Qwen2 LLM, offline and streaming (16 kHz)"
+    default_repo = "SparkAudio/Spark-TTS-0.5B"
+    llm_subfolder = "LLM"
+    templates_dir = Path(__file__).parent / "templates"
+    #: 30 s of reference audio (1,500 semantic tokens) with the texts fits 2,048; 3,000 tokens are 60 s of speech
+    #: (the official deployment caps at 512, which cuts speech at about 10 s).
+    default_max_input_len = 2048
+    default_max_output_len = 3000
+    Options = SparkOptions
+
+    def validate_checkpoint(self, checkpoint_dir: Path) -> None:
+        missing = [name for name in REQUIRED_FILES if not (checkpoint_dir / name).is_file()]
+        if missing:
+            raise UsageError(
+                f"{checkpoint_dir} is not a Spark-TTS checkpoint (missing {', '.join(missing)})",
+                hint="pass the folder downloaded from SparkAudio/Spark-TTS-0.5B (config.yaml, BiCodec/, LLM/, "
+                "wav2vec2-large-xlsr-53/)",
+            )
+        if not any((checkpoint_dir / "LLM").glob("*.safetensors")):
+            raise UsageError(f"{checkpoint_dir / 'LLM'} holds no *.safetensors weights")
+        wav2vec2 = checkpoint_dir / "wav2vec2-large-xlsr-53"
+        if not any(wav2vec2.glob(pattern) for pattern in ("*.safetensors", "pytorch_model.bin")):
+            raise UsageError(f"{wav2vec2} holds no weights (pytorch_model.bin or *.safetensors)")
+        tokenizer = checkpoint_dir / "LLM" / "tokenizer.json"
+        if tokenizer.is_file() and "<|bicodec_semantic_0|>" not in tokenizer.read_text(encoding="utf-8"):
+            raise UsageError(f"{tokenizer} has no Spark-TTS tokens (<|bicodec_semantic_N|>): is LLM/ Spark-TTS's?")
+
+    def write_random_checkpoint(self, dest: Path, *, seed: int = 0) -> None:
+        from .checkpoint import write_random_checkpoint
+
+        write_random_checkpoint(dest, seed=seed)
+
+    def entry_model(self, mode: Mode) -> str:
+        return "spark_tts"
+
+    def triton_models(self, mode: Mode) -> tuple[str, ...]:
+        models = ("audio_tokenizer", "spark_tts", "vocoder")
+        return (*models, "spark_tts_offline") if mode == "streaming" else models
+
+    def template_context(self, ctx: BuildContext) -> dict[str, Any]:
+        options = dict(ctx.options)
+        point = ctx.point
+        room = (point.max_input_len - GLOBAL_TOKENS - TEXT_TOKEN_ALLOWANCE) / TOKENS_PER_SECOND
+        if room <= 0:
+            raise UsageError(
+                f"--max-input-len {point.max_input_len} leaves no room for reference audio",
+                hint="Spark-TTS prompts hold 50 tokens per second of reference audio: build with at least 1024",
+            )
+        asked = options["max_reference_seconds"]
+        if asked > room:
+            raise UsageError(
+                f"-o max_reference_seconds={asked:g} does not fit --max-input-len {point.max_input_len} "
+                f"(room for {room:.1f} s of reference audio at {TOKENS_PER_SECOND} tokens/s)",
+                hint="lower it, or build with a larger --max-input-len",
+            )
+        options["max_reference_seconds"] = round(asked or min(30.0, room), 2)
+        if options["max_new_tokens"] > point.max_output_len:
+            raise UsageError(
+                f"-o max_new_tokens={options['max_new_tokens']} is more than --max-output-len {point.max_output_len}"
+            )
+        options["max_new_tokens"] = options["max_new_tokens"] or point.max_output_len
+        options["bls_instances"] = options["bls_instances"] or point.max_batch_size
+        return options
+
+    def workload(self, deployment: Deployment) -> TTSWorkload:
+        from trtdeploy.perf.tts import TTSWorkload
+
+        return TTSWorkload(model_name=deployment.entry_model, decoupled=deployment.decoupled, sample_rate=16000)
+
+
+@trtdeploy.hookimpl
+def register_models(register: Any) -> None:
+    register(SparkTTS())

@@ -1,0 +1,263 @@
+"""``spark_tts`` and ``spark_tts_offline``: the BLS model that turns a reference voice and a text into speech.
+
+Per request: ``audio_tokenizer`` (reference → global + semantic tokens), the official prompt, the LLM contract
+(``tensorrt_llm``, whichever engine serves it), the semantic tokens of its answer, ``vocoder``. Offline, one
+waveform comes back; decoupled (streaming), audio chunks come as the tokens arrive (see ``streaming.py``), then an
+empty final response.
+
+Each instance serves one request at a time (the deployment runs as many instances as requests it serves at once):
+BLS calls made from several threads of one python-backend process were seen to hang it on a GPU host. Every
+failure reaches the client as an error response naming the problem; the model keeps serving.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from trtdeploy.backend_utils import ModelParameters, decode_text, optional_scalar
+
+from ..prompt import SAMPLE_RATE, TOKENS_PER_SECOND, PromptCodec, semantic_tokens_for
+from ..streaming import AudioStream, ChunkSchedule
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class RequestError(ValueError):
+    """The request cannot be served as sent (answered with INVALID_ARG)."""
+
+
+@dataclass
+class Synthesis:
+    """One parsed request."""
+
+    wav: np.ndarray
+    reference_text: str
+    target_text: str
+    max_tokens: int
+    temperature: float
+    top_k: int
+    top_p: float
+    repetition_penalty: float
+    seed: int | None
+
+
+def _error(message: str, *, invalid: bool) -> pb_utils.InferenceResponse:
+    code = pb_utils.TritonError.INVALID_ARG if invalid else pb_utils.TritonError.INTERNAL
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+
+
+def _tensor(name: str, value, dtype) -> pb_utils.Tensor:
+    return pb_utils.Tensor(name, np.asarray(value, dtype=dtype).reshape(1, -1))
+
+
+def _call(model: str, inputs: list, outputs: list[str]) -> pb_utils.InferenceResponse:
+    """One BLS call to a non-decoupled model; RuntimeError naming the model when it fails."""
+    response = pb_utils.InferenceRequest(model_name=model, requested_output_names=outputs, inputs=inputs).exec()
+    if response.has_error():
+        raise RuntimeError(f"{model}: {response.error().message()}")
+    return response
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        params = ModelParameters(args)
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
+        self.llm_model = params.str("llm_model")
+        self.llm_decoupled = params.bool("llm_decoupled")
+        self.max_input_len = params.int("max_input_len")
+        self.max_output_len = params.int("max_output_len")
+        self.max_reference_samples = int(params.float("max_reference_seconds") * SAMPLE_RATE)
+        self.defaults = {
+            "max_tokens": params.int("max_new_tokens"),
+            "temperature": params.float("temperature"),
+            "top_k": params.int("top_k"),
+            "top_p": params.float("top_p"),
+            "repetition_penalty": params.float("repetition_penalty"),
+        }
+        self.codec = PromptCodec.load(params.str("llm_tokenizer_dir"))
+        context = params.int("vocoder_context_tokens")
+        if context < 0:  # auto: the vocoder's receptive radius, so a chunk starts as whole-utterance audio would
+            from trtdeploy_spark_tts.bicodec import BiCodecConfig, vocoder_receptive_radius
+
+            config = BiCodecConfig.from_yaml(f"{params.str('bicodec_dir')}/config.yaml")
+            context = vocoder_receptive_radius(config)
+        self.schedule = ChunkSchedule(
+            first_tokens=round(params.float("chunk_seconds") * TOKENS_PER_SECOND),
+            growth=params.float("chunk_growth"),
+            max_tokens=round(params.float("max_chunk_seconds") * TOKENS_PER_SECOND),
+            overlap_tokens=round(params.float("chunk_overlap_seconds") * TOKENS_PER_SECOND),
+            context_tokens=context,
+        )
+
+    def execute(self, requests: list) -> None:
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                job = self._parse(request)
+            except RequestError as exc:
+                sender.send(_error(str(exc), invalid=True), flags=FINAL)
+                continue
+            self._serve(job, sender)
+        return None
+
+    # --- reading a request ------------------------------------------------------------------------------------
+
+    def _parse(self, request) -> Synthesis:
+        try:
+            reference_text = decode_text(request, "reference_text")
+            target_text = decode_text(request, "target_text")
+        except ValueError as exc:
+            hint = " (send the reference audio's transcript; an empty one clones from the audio alone)"
+            raise RequestError(f"{exc}{hint if 'reference_text' in str(exc) else ''}") from None
+        if not target_text.strip():
+            raise RequestError("target_text is empty: there is nothing to say")
+        sample_rate = optional_scalar(request, "sample_rate", SAMPLE_RATE)
+        if sample_rate != SAMPLE_RATE:
+            raise RequestError(f"reference_wav must be {SAMPLE_RATE} Hz mono, got {sample_rate} Hz: resample it first")
+        wav = pb_utils.get_input_tensor_by_name(request, "reference_wav")
+        if wav is None:
+            raise RequestError("input 'reference_wav' is missing")
+        wav = wav.as_numpy().reshape(-1)
+        length = int(optional_scalar(request, "reference_wav_len", wav.size))
+        if not 0 < length <= wav.size:
+            raise RequestError(f"reference_wav_len {length} does not fit reference_wav of {wav.size} samples")
+        if length > self.max_reference_samples:
+            raise RequestError(
+                f"reference audio is {length / SAMPLE_RATE:.1f} s, longer than the "
+                f"{self.max_reference_samples / SAMPLE_RATE:g} s this deployment takes: use a shorter reference"
+            )
+        max_tokens = int(optional_scalar(request, "max_tokens", self.defaults["max_tokens"]))
+        if not 0 < max_tokens <= self.max_output_len:
+            raise RequestError(
+                f"max_tokens {max_tokens} is outside 1..{self.max_output_len} (this deployment's max_output_len)"
+            )
+        seed = optional_scalar(request, "random_seed")
+        return Synthesis(
+            wav=np.array(wav[:length], dtype=np.float32),
+            reference_text=reference_text,
+            target_text=target_text,
+            max_tokens=max_tokens,
+            temperature=float(optional_scalar(request, "temperature", self.defaults["temperature"])),
+            top_k=int(optional_scalar(request, "top_k", self.defaults["top_k"])),
+            top_p=float(optional_scalar(request, "top_p", self.defaults["top_p"])),
+            repetition_penalty=float(
+                optional_scalar(request, "repetition_penalty", self.defaults["repetition_penalty"])
+            ),
+            seed=None if seed is None else int(seed),
+        )
+
+    # --- serving it --------------------------------------------------------------------------------------------
+
+    def _serve(self, job: Synthesis, sender) -> None:
+        try:
+            global_codes, prompt = self._prompt(job)
+            codes = self._generate(job, prompt, sender)
+            if self.decoupled:
+                self._stream(job, global_codes, codes, sender)
+            else:
+                collected = np.concatenate(list(codes)) if codes else np.zeros(0, np.int32)
+                if collected.size == 0:
+                    raise RequestError(self._no_speech(job))
+                audio = self._vocode(global_codes, collected)
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio.reshape(1, -1))]), FINAL)
+        except RequestError as exc:
+            sender.send(_error(str(exc), invalid=True), flags=FINAL)
+        except Exception as exc:  # anything else is the server's fault; the model keeps serving
+            sender.send(_error(f"spark_tts failed: {type(exc).__name__}: {exc}", invalid=False), flags=FINAL)
+
+    def _prompt(self, job: Synthesis) -> tuple[np.ndarray, np.ndarray]:
+        """The reference's global tokens and the LLM prompt; RequestError when the prompt cannot fit."""
+        with_transcript = bool(job.reference_text.strip())
+        text_ids = self.codec.text_ids(job.reference_text if with_transcript else "", job.target_text)
+        expected = semantic_tokens_for(job.wav.size) if with_transcript else None
+        self._check_prompt_length(self.codec.prompt_length(text_ids, expected), job)
+        response = _call(
+            "audio_tokenizer",
+            [_tensor("reference_wav", job.wav, np.float32), _tensor("reference_wav_len", [job.wav.size], np.int32)],
+            ["global_tokens", "semantic_tokens"],
+        )
+        global_codes = pb_utils.get_output_tensor_by_name(response, "global_tokens").as_numpy().reshape(-1)
+        semantic = pb_utils.get_output_tensor_by_name(response, "semantic_tokens").as_numpy().reshape(-1)
+        prompt = self.codec.prompt_ids(text_ids, global_codes, semantic if with_transcript else None)
+        self._check_prompt_length(prompt.size, job)
+        return global_codes, prompt
+
+    def _check_prompt_length(self, length: int, job: Synthesis) -> None:
+        if length <= self.max_input_len:
+            return
+        seconds = job.wav.size / SAMPLE_RATE
+        room = max(0, self.max_input_len - (length - semantic_tokens_for(job.wav.size))) / TOKENS_PER_SECOND
+        raise RequestError(
+            f"the prompt is {length} tokens ({seconds:.1f} s of reference audio at {TOKENS_PER_SECOND} tokens/s, "
+            f"plus the texts), more than this deployment's max_input_len {self.max_input_len}: use at most "
+            f"{room:.1f} s of reference audio or a shorter text, or build with a larger --max-input-len"
+        )
+
+    def _generate(self, job: Synthesis, prompt: np.ndarray, sender):
+        """Semantic codes of the LLM's answer, one array per LLM response (a generator when streaming)."""
+        inputs = [
+            _tensor("input_ids", prompt, np.int32),
+            _tensor("input_lengths", [prompt.size], np.int32),
+            _tensor("request_output_len", [job.max_tokens], np.int32),
+            _tensor("end_id", [self.codec.eos_id], np.int32),
+            _tensor("pad_id", [self.codec.pad_id], np.int32),
+            _tensor("streaming", [self.decoupled], np.bool_),
+            _tensor("temperature", [job.temperature], np.float32),
+            _tensor("runtime_top_k", [job.top_k], np.int32),
+            _tensor("runtime_top_p", [job.top_p], np.float32),
+            _tensor("repetition_penalty", [job.repetition_penalty], np.float32),
+        ]
+        if job.seed is not None:
+            inputs.append(_tensor("random_seed", [job.seed], np.uint64))
+        request = pb_utils.InferenceRequest(
+            model_name=self.llm_model, requested_output_names=["output_ids", "sequence_length"], inputs=inputs
+        )
+        responses = request.exec(decoupled=True) if self.llm_decoupled else [request.exec()]
+        stream = self._codes(responses, sender)
+        return stream if self.decoupled else list(stream)
+
+    def _codes(self, responses, sender):
+        for response in responses:
+            if response.has_error():
+                raise RuntimeError(f"{self.llm_model}: {response.error().message()}")
+            ids = pb_utils.get_output_tensor_by_name(response, "output_ids")
+            if ids is None:  # the empty final response of a stream
+                continue
+            ids = ids.as_numpy()
+            ids = ids.reshape(-1, ids.shape[-1])[0]
+            lengths = pb_utils.get_output_tensor_by_name(response, "sequence_length")
+            if lengths is not None and lengths.as_numpy().size:
+                ids = ids[: int(lengths.as_numpy().reshape(-1)[0])]
+            yield self.codec.semantic_codes(ids)
+            if sender.is_cancelled():
+                cancel = getattr(responses, "cancel", None)
+                if cancel is not None:
+                    cancel()
+                return
+
+    def _stream(self, job: Synthesis, global_codes: np.ndarray, codes, sender) -> None:
+        stream = AudioStream(self.schedule, lambda chunk: self._vocode(global_codes, chunk))
+        for new in codes:
+            for audio in stream.push(new):
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio.reshape(1, -1))]))
+        if not stream.codes:
+            raise RequestError(self._no_speech(job))
+        rest = stream.finish()
+        if rest is not None:
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("waveform", rest.reshape(1, -1))]))
+        sender.send(flags=FINAL)
+
+    def _vocode(self, global_codes: np.ndarray, codes: np.ndarray) -> np.ndarray:
+        response = _call(
+            "vocoder",
+            [_tensor("global_tokens", global_codes, np.int32), _tensor("semantic_tokens", codes, np.int32)],
+            ["waveform"],
+        )
+        return pb_utils.get_output_tensor_by_name(response, "waveform").as_numpy().reshape(-1)
+
+    def _no_speech(self, job: Synthesis) -> str:
+        return f"the LLM produced no semantic tokens in {job.max_tokens} tokens, so there is no audio"

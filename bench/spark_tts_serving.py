@@ -6,7 +6,8 @@ references of 3 to 8 s, target speech of 3 to 10 s, 6.5 s on average, like the r
 and the checkpoint is a random-weight Spark-TTS-0.5B of the real size (`--size full`) whose LLM always speaks
 semantic tokens and never stops on its own, so each request makes exactly its target's length of speech.
 
-One streaming deployment serves both entries: `spark_tts` (streaming) and `spark_tts_offline`. Per level it prints
+Each mode runs on a deployment built in that mode (offline: `spark_tts` on a non-decoupled LLM; streaming:
+`spark_tts` on a decoupled LLM). Per level it prints
 the aggregate RTF (wall time / audio seconds), the average and p50 latency, the first-chunk p50 (streaming), and
 where the time went: the server time per request of audio_tokenizer and vocoder, and the rest (the LLM).
 
@@ -67,38 +68,45 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", default="1,2,4,8,16")
     parser.add_argument("--modes", default="offline,streaming")
+    parser.add_argument("--stream-concurrency", default=None, help="levels of the streaming runs (default: same)")
     parser.add_argument("--requests", type=int, default=26)
     parser.add_argument("--size", choices=("full", "tiny"), default="full")
     parser.add_argument("--gpu", default="auto", help="GPU profile for the build (cpu with --size tiny)")
     parser.add_argument("--max-batch-size", type=int, default=16)
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("-o", "--option", action="append", default=[], help="model setting KEY=VALUE for the builds")
     args = parser.parse_args()
     levels = tuple(int(c) for c in args.concurrency.split(","))
+    stream_levels = tuple(int(c) for c in (args.stream_concurrency or args.concurrency).split(","))
     work = args.workdir or Path(tempfile.mkdtemp(prefix="spark-tts-serving-"))
     checkpoint = work / "Spark-TTS-0.5B"
     if not checkpoint.is_dir():
         write_random_checkpoint(checkpoint, size=args.size)
-    deployment = build(
-        BuildRequest(
-            model="spark_tts",
-            model_dir=checkpoint,
-            gpu=args.gpu,
-            mode="streaming",
-            max_batch_size=args.max_batch_size,
-            output_root=work / "deployments",
-        )
-    ).deployment
     rows = []
-    with launch(deployment.model_repo, models=deployment.models, log_file=work / "tritonserver.log") as server:
-        for mode in args.modes.split(","):
-            entry = "spark_tts" if mode == "streaming" else "spark_tts_offline"
-            print(f"{mode} ({entry}):", flush=True)
+    for mode in args.modes.split(","):
+        deployment = build(
+            BuildRequest(
+                model="spark_tts",
+                model_dir=checkpoint,
+                gpu=args.gpu,
+                mode=mode,
+                max_batch_size=args.max_batch_size,
+                output_root=work / "deployments",
+                options=dict(item.split("=", 1) for item in args.option),
+            )
+        ).deployment
+        log = work / f"tritonserver-{mode}.log"
+        with launch(deployment.model_repo, models=deployment.models, log_file=log) as server:
+            print(f"{mode}: {deployment.path} ({deployment.point.gpu}, {deployment.point.precision})", flush=True)
             run = benchmark(
                 PerfSettings(
                     deployment=deployment.path,
                     url=server.grpc_url,
-                    model=entry,
-                    load=LoadSettings(concurrency=levels, num_requests=args.requests, timeout_s=120),
+                    load=LoadSettings(
+                        concurrency=stream_levels if mode == "streaming" else levels,
+                        num_requests=args.requests,
+                        timeout_s=120,
+                    ),
                     output_dir=work / f"perf-{mode}",
                     plots=False,
                 ),
@@ -106,7 +114,6 @@ def main() -> None:
             )
             for level in run.summary["levels"]:
                 rows.append((mode, level))
-    print(f"deployment {deployment.path} ({deployment.point.gpu}, {deployment.point.precision})")
     columns = (*STAGES, "llm_and_rest")
     header = "mode       conc  req  err  audio_s  RTF     avg_ms   p50_ms   1st_p50  " + "  ".join(
         f"{stage}_ms" for stage in columns

@@ -25,6 +25,7 @@ from trtdeploy_spark_tts.checkpoint import write_random_checkpoint
 from trtdeploy.build import BuildRequest
 from trtdeploy.build import run as build
 from trtdeploy.perf.runner import LoadSettings, PerfSettings, benchmark
+from trtdeploy.perf.workload import RequestOptions
 from trtdeploy.server import launch
 
 STAGES = ("audio_tokenizer", "vocoder")
@@ -74,6 +75,7 @@ def main() -> None:
     parser.add_argument("--gpu", default="auto", help="GPU profile for the build (cpu with --size tiny)")
     parser.add_argument("--max-batch-size", type=int, default=16)
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--temperature", type=float, default=None, help="per request (0: greedy); default: the build's")
     parser.add_argument("-o", "--option", action="append", default=[], help="model setting KEY=VALUE for the builds")
     args = parser.parse_args()
     levels = tuple(int(c) for c in args.concurrency.split(","))
@@ -109,6 +111,7 @@ def main() -> None:
                     ),
                     output_dir=work / f"perf-{mode}",
                     plots=False,
+                    options=RequestOptions(temperature=args.temperature),
                 ),
                 progress=PrintProgress(),
             )

@@ -160,6 +160,7 @@ def plan(request: BuildRequest) -> Plan:
         engine_dir=deployment_dir / "engines",
         model_repo_dir=deployment_dir / "model_repo",
         options=options,
+        llm_streams=spec.llm_streams,
     )
     if source is not None:
         engine.validate(context)

@@ -73,10 +73,24 @@ class BuildContext:
     model_repo_dir: Path
     llm_model_name: str = "tensorrt_llm"
     options: dict[str, Any] = field(default_factory=dict)
+    #: The model's :attr:`ModelSpec.llm_streams`.
+    llm_streams: bool = True
 
     @property
     def decoupled(self) -> bool:
+        """Whether the deployment streams (its entry model is decoupled)."""
         return self.point.mode == "streaming"
+
+    @property
+    def llm_decoupled(self) -> bool:
+        """Whether the LLM model streams its tokens (decoupled)."""
+        return self.decoupled and self.llm_streams
+
+    @property
+    def llm_max_input_len(self) -> int:
+        """The longest prompt the LLM model takes: a model that asks for its answer in segments sends the prompt
+        plus what was generated so far."""
+        return self.point.max_input_len if self.llm_streams else self.point.max_seq_len
 
     @property
     def max_batch_size(self) -> int:
@@ -107,6 +121,10 @@ class ModelSpec(ABC):
     default_max_output_len: ClassVar[int] = 1024
     #: Model-specific settings (``-o key=value`` on ``build``): a dataclass whose fields have defaults.
     Options: ClassVar[type | None] = None
+    #: Whether a streaming deployment's models read the LLM's token stream (the LLM is then decoupled). False: they
+    #: ask the LLM for their answer in segments, each a non-decoupled request whose prompt holds what was said so
+    #: far, so the LLM is never decoupled and takes prompts up to max_seq_len tokens.
+    llm_streams: ClassVar[bool] = True
 
     def parse_options(self, raw: dict[str, str]) -> dict[str, Any]:
         """Turn ``-o key=value`` strings into typed option values, rejecting unknown keys."""

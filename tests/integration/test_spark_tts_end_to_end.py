@@ -122,3 +122,29 @@ def test_tts_refuses_llm_only_options(served, state):
     assert result.returncode == 2 and "--isl" in result.stderr
     result = run_cli("perf", "--asr-url", "localhost:1", "--model", "tensorrt_llm", cwd=root, env=state)
     assert result.returncode == 2 and "--asr-url scores speech" in result.stderr
+
+
+def test_a_failing_asr_costs_the_scores_not_the_measurements(served, whisper_url, tmp_path):
+    """Whisper answers an error (the test model refuses language ``xx``) after the load: the reports are written,
+    then the run fails naming the utterance."""
+    from trtdeploy.errors import PerfError
+    from trtdeploy.perf.runner import AsrSettings, InputSpec, LoadSettings, PerfSettings, benchmark
+
+    _, info = served
+    out = tmp_path / "perf"
+    settings = PerfSettings(
+        deployment=Path(info["deployment"]),
+        url=f"localhost:{info['grpc_port']}",
+        load=LoadSettings(concurrency=(1,), num_requests=2),
+        inputs=InputSpec(input_data=inputs_file(tmp_path), osl=10),
+        output_dir=out,
+        plots=False,
+        asr=AsrSettings(url=whisper_url, language="xx"),
+    )
+    warnings: list[str] = []
+    with pytest.raises(PerfError, match=r"ASR request for utterance \d failed .*no language xx"):
+        benchmark(settings, warn=warnings.append)
+    assert "no WER/CER" in warnings[0]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["levels"][0]["completed"] == 2 and "asr" not in summary["levels"][0]
+    assert len(list(out.glob("audio/c1/*.wav"))) == 2

@@ -10,9 +10,14 @@ import numpy as np
 import pytest
 
 from trtdeploy.errors import NotFoundError, PerfError, ServerError, UsageError
-from trtdeploy.perf.asr import aggregate, detect_language, normalize, score, transcribe, transcribe_sync
+from trtdeploy.perf.asr import aggregate, detect_language, normalize, score, transcribe
 
 from .conftest import MODELS, write_fake_repo
+
+
+def transcribe_sync(*args, **kwargs) -> list[str]:
+    return asyncio.run(transcribe(*args, **kwargs))
+
 
 # --- normalisation ---------------------------------------------------------------------------------------------
 

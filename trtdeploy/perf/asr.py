@@ -356,27 +356,3 @@ async def transcribe(
             raise
     finally:
         await client.close()
-
-
-def transcribe_sync(
-    url: str,
-    wavs: Sequence[np.ndarray],
-    languages: Sequence[str],
-    *,
-    model: str = "whisper_bls",
-    concurrency: int = 4,
-    timeout_s: float = 120.0,
-    sample_rate: int = 16000,
-) -> list[str]:
-    """:func:`transcribe` from synchronous code (runs its own event loop)."""
-    return asyncio.run(
-        transcribe(
-            url,
-            wavs,
-            languages,
-            model=model,
-            concurrency=concurrency,
-            timeout_s=timeout_s,
-            sample_rate=sample_rate,
-        )
-    )

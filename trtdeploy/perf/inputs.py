@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,29 +20,39 @@ DEFAULT_REFERENCE_COLUMN = "output"
 _LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
-def load_jsonl(path: Path | str) -> list[InputRow]:
-    """Rows of a jsonl file: one object per line with ``input``, optional ``output`` (reference), ``max_tokens``.
-
-    Blank lines are skipped; anything else that is not such an object is a UsageError naming ``file:line``.
-    """
-    path = Path(path)
+def numbered_lines(path: Path) -> Iterator[tuple[str, str]]:
+    """``(file:line, text)`` for every non-blank line of an input file; errors name the file."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
         raise NotFoundError(f"input file {path} does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read input file {path}: {exc}") from None
-    rows: list[InputRow] = []
     for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-        if not isinstance(data, dict):
-            raise UsageError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        if line.strip():
+            yield f"{path}:{number}", line
+
+
+def json_object(line: str, where: str) -> dict[str, Any]:
+    """One jsonl line as an object, or a UsageError naming ``where``."""
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def load_jsonl(path: Path | str) -> list[InputRow]:
+    """Rows of a jsonl file: one object per line with ``input``, optional ``output`` (reference), ``max_tokens``.
+
+    Blank lines are skipped; anything else that is not such an object is a UsageError naming ``file:line``.
+    """
+    path = Path(path)
+    rows: list[InputRow] = []
+    for where, line in numbered_lines(path):
+        data = json_object(line, where)
         if "input" not in data:
             keys = ", ".join(data) or "none"
             raise UsageError(

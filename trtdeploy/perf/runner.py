@@ -12,7 +12,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import PerfError, ServerError, UsageError
+from ..errors import PerfError, ServerError, TrtDeployError, UsageError
 from .loadgen import Level, LocalDriver, Record, WorkerPool, WorkerSpec
 from .metrics import DEFINITIONS, check_slo, check_slo_limits, summarize_level
 from .stats import server_delta, snapshot
@@ -575,9 +575,16 @@ def benchmark(
         }
         run.output_dir = output_dir
         measured = True
+        asr_error = None
         if settings.asr is not None:
-            asyncio.run(score_speech(run, settings.asr))
+            try:
+                asyncio.run(score_speech(run, settings.asr))
+            except TrtDeployError as exc:  # the measurements stay: write them, then fail
+                asr_error = exc
+                warn(f"no WER/CER ({exc.message}); the other reports are written to {output_dir}")
         write_reports(run, output_dir, plots=settings.plots, warn=warn)
+        if asr_error is not None:
+            raise asr_error
     finally:
         if not measured:  # nothing to report: leave no empty folder behind
             remove_empty(created)

@@ -22,7 +22,6 @@ the official gRPC client does; numpy, soundfile and soxr are imported where used
 from __future__ import annotations
 
 import io
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -118,22 +117,12 @@ def load_tts_file(path: Path) -> list[InputRow]:
         raise NotFoundError(
             f"input {path} does not exist", hint=f"pass a .jsonl file, a {META_LIST}, or a folder holding a {META_LIST}"
         )
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read input file {path}: {exc}") from None
+    from .inputs import json_object, numbered_lines
+
     rows = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
+    for where, line in numbered_lines(path):
         if path.suffix == ".jsonl":
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UsageError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-            if not isinstance(record, dict):
-                raise UsageError(f"{where}: expected a JSON object, got {type(record).__name__}")
+            record = json_object(line, where)
         else:
             parts = line.split("|")
             if len(parts) < 4:

@@ -73,6 +73,10 @@ def test_rendered_configs_carry_the_settings(trtdeploy_deploy):
     entry = (repo / "spark_tts" / "config.pbtxt").read_text()
     offline = (repo / "spark_tts_offline" / "config.pbtxt").read_text()
     assert "decoupled: true" in entry and "decoupled: false" in offline
+    # the BLS asks the LLM for segments (non-decoupled), whose prompts hold what was said so far
+    llm = (repo / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert "decoupled: false" in llm
+    assert 'key: "max_input_len" value: { string_value: "1324" }' in llm
     assert 'name: "spark_tts_offline"' in offline
     for text in (entry, offline):
         assert 'key: "top_k" value: { string_value: "20" }' in text

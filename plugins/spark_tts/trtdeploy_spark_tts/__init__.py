@@ -95,6 +95,9 @@ class SparkTTS(ModelSpec):
     default_max_input_len = 2048
     default_max_output_len = 3000
     Options = SparkOptions
+    #: The BLS asks the LLM for one chunk's tokens at a time (non-decoupled calls) instead of reading a token stream:
+    #: python-backend BLS models reading a decoupled model's stream crash under concurrent load (see the README).
+    llm_streams = False
 
     def validate_checkpoint(self, checkpoint_dir: Path) -> None:
         missing = [name for name in REQUIRED_FILES if not (checkpoint_dir / name).is_file()]

@@ -70,6 +70,10 @@ class AudioStream:
             self.next_chunk = min(self.schedule.max_tokens, int(self.next_chunk * self.schedule.growth))
         return chunks
 
+    def tokens_until_next_chunk(self) -> int:
+        """Semantic tokens still to come before :meth:`push` returns the next chunk (at least 1)."""
+        return self.vocoded_tokens + self.next_chunk - len(self.codes)
+
     def finish(self) -> np.ndarray | None:
         """The rest of the audio (None when everything was sent already)."""
         if len(self.codes) > self.vocoded_tokens:

@@ -2,8 +2,14 @@
 
 Per request: ``audio_tokenizer`` (reference → global + semantic tokens), the official prompt, the LLM contract
 (``tensorrt_llm``, whichever engine serves it), the semantic tokens of its answer, ``vocoder``. Offline, one
-waveform comes back; decoupled (streaming), audio chunks come as the tokens arrive (see ``streaming.py``), then an
-empty final response.
+waveform comes back; decoupled (streaming), audio chunks as they are made (see ``streaming.py``), then an empty
+final response.
+
+Every call is non-decoupled. Streaming asks the LLM for one chunk's tokens at a time, with the prompt followed by
+what it said so far: BLS models reading a decoupled model's token stream (``exec(decoupled=True)``) segfault in
+the python-backend stub under concurrent load on GPU hosts (tritonserver 2.51; upstream server#8882, #8922). Each
+segment re-reads the prompt (a prefill of a few hundred to a few thousand tokens, a few ms on a GPU); with the
+torch engine a seeded request draws the same tokens as in one call (its sampling noise depends on the position).
 
 Each instance serves one request at a time (the deployment runs as many instances as requests it serves at once):
 BLS calls made from several threads of one python-backend process were seen to hang it on a GPU host. Every
@@ -67,7 +73,6 @@ class TritonPythonModel:
         params = ModelParameters(args)
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
         self.llm_model = params.str("llm_model")
-        self.llm_decoupled = params.bool("llm_decoupled")
         self.max_input_len = params.int("max_input_len")
         self.max_output_len = params.int("max_output_len")
         self.max_reference_samples = int(params.float("max_reference_seconds") * SAMPLE_RATE)
@@ -155,14 +160,13 @@ class TritonPythonModel:
     def _serve(self, job: Synthesis, sender) -> None:
         try:
             global_codes, prompt = self._prompt(job)
-            codes = self._generate(job, prompt, sender)
             if self.decoupled:
-                self._stream(job, global_codes, codes, sender)
+                self._stream(job, global_codes, prompt, sender)
             else:
-                collected = np.concatenate(list(codes)) if codes else np.zeros(0, np.int32)
-                if collected.size == 0:
+                codes = self.codec.semantic_codes(self._generate(job, prompt, job.max_tokens))
+                if codes.size == 0:
                     raise RequestError(self._no_speech(job))
-                audio = self._vocode(global_codes, collected)
+                audio = self._vocode(global_codes, codes)
                 sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio.reshape(1, -1))]), FINAL)
         except RequestError as exc:
             sender.send(_error(str(exc), invalid=True), flags=FINAL)
@@ -197,15 +201,15 @@ class TritonPythonModel:
             f"{room:.1f} s of reference audio or a shorter text, or build with a larger --max-input-len"
         )
 
-    def _generate(self, job: Synthesis, prompt: np.ndarray, sender):
-        """Semantic codes of the LLM's answer, one array per LLM response (a generator when streaming)."""
+    def _generate(self, job: Synthesis, prompt: np.ndarray, max_tokens: int) -> np.ndarray:
+        """The ids the LLM generates after ``prompt``: ``max_tokens`` of them, fewer when it ends."""
         inputs = [
             _tensor("input_ids", prompt, np.int32),
             _tensor("input_lengths", [prompt.size], np.int32),
-            _tensor("request_output_len", [job.max_tokens], np.int32),
+            _tensor("request_output_len", [max_tokens], np.int32),
             _tensor("end_id", [self.codec.eos_id], np.int32),
             _tensor("pad_id", [self.codec.pad_id], np.int32),
-            _tensor("streaming", [self.decoupled], np.bool_),
+            _tensor("streaming", [False], np.bool_),
             _tensor("temperature", [job.temperature], np.float32),
             _tensor("runtime_top_k", [job.top_k], np.int32),
             _tensor("runtime_top_p", [job.top_p], np.float32),
@@ -213,37 +217,26 @@ class TritonPythonModel:
         ]
         if job.seed is not None:
             inputs.append(_tensor("random_seed", [job.seed], np.uint64))
-        request = pb_utils.InferenceRequest(
-            model_name=self.llm_model, requested_output_names=["output_ids", "sequence_length"], inputs=inputs
-        )
-        responses = request.exec(decoupled=True) if self.llm_decoupled else [request.exec()]
-        stream = self._codes(responses, sender)
-        return stream if self.decoupled else list(stream)
+        response = _call(self.llm_model, inputs, ["output_ids", "sequence_length"])
+        ids = pb_utils.get_output_tensor_by_name(response, "output_ids").as_numpy()
+        ids = ids.reshape(-1, ids.shape[-1])[0]
+        lengths = pb_utils.get_output_tensor_by_name(response, "sequence_length")
+        if lengths is not None and lengths.as_numpy().size:
+            ids = ids[: int(lengths.as_numpy().reshape(-1)[0])]
+        return ids.astype(np.int32)
 
-    def _codes(self, responses, sender):
-        for response in responses:
-            if response.has_error():
-                raise RuntimeError(f"{self.llm_model}: {response.error().message()}")
-            ids = pb_utils.get_output_tensor_by_name(response, "output_ids")
-            if ids is None:  # the empty final response of a stream
-                continue
-            ids = ids.as_numpy()
-            ids = ids.reshape(-1, ids.shape[-1])[0]
-            lengths = pb_utils.get_output_tensor_by_name(response, "sequence_length")
-            if lengths is not None and lengths.as_numpy().size:
-                ids = ids[: int(lengths.as_numpy().reshape(-1)[0])]
-            yield self.codec.semantic_codes(ids)
-            if sender.is_cancelled():
-                cancel = getattr(responses, "cancel", None)
-                if cancel is not None:
-                    cancel()
-                return
-
-    def _stream(self, job: Synthesis, global_codes: np.ndarray, codes, sender) -> None:
+    def _stream(self, job: Synthesis, global_codes: np.ndarray, prompt: np.ndarray, sender) -> None:
+        """Ask the LLM for the tokens of the next chunk, vocode, send; until it ends or the cap is reached."""
         stream = AudioStream(self.schedule, lambda chunk: self._vocode(global_codes, chunk))
-        for new in codes:
-            for audio in stream.push(new):
+        said, left = prompt, job.max_tokens
+        while left > 0 and not sender.is_cancelled():
+            wanted = min(left, stream.tokens_until_next_chunk())
+            ids = self._generate(job, said, wanted)
+            said, left = np.concatenate([said, ids]), left - ids.size
+            for audio in stream.push(self.codec.semantic_codes(ids)):
                 sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio.reshape(1, -1))]))
+            if ids.size < wanted:  # the LLM said its end token
+                break
         if not stream.codes:
             raise RequestError(self._no_speech(job))
         rest = stream.finish()

@@ -111,7 +111,9 @@ def test_offline_entry_of_the_same_deployment(served, state, tmp_path):
         "--output-dir", str(out), "--no-plots", "--json", cwd=root, env=state,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    level = json.loads(result.stdout)["levels"][0]
+    summary = json.loads(result.stdout)
+    level = summary["levels"][0]
+    assert summary["input"] == "synthetic voices and sentences" and summary["stream"] is False
     assert level["errors"] == 0 and level["first_chunk_ms"] is None
     assert level["audio_seconds"] == pytest.approx(4 * 25 * 320 / 16000)
 

@@ -142,12 +142,12 @@ class InputSpec:
     def synthetic(self) -> bool:
         return self.input_data is None and self.dataset is None
 
-    def describe(self) -> str:
+    def describe(self, family: str = "llm") -> str:
         if self.input_data is not None:
             return str(self.input_data)
         if self.dataset is not None:
             return self.dataset + (f" [{self.split}]" if self.split else "")
-        return f"synthetic isl={self.isl or DEFAULT_ISL}"
+        return "synthetic voices and sentences" if family == "tts" else f"synthetic isl={self.isl or DEFAULT_ISL}"
 
     def load(self, workload: Workload, load: LoadSettings) -> list[InputRow]:
         if self.input_data is not None:
@@ -570,7 +570,7 @@ def benchmark(
         run.summary = {
             "started_at": started.isoformat(timespec="seconds"),
             "deployment": str(deployment.path),
-            "input": settings.inputs.describe(),
+            "input": settings.inputs.describe(workload.family),
             **run.summary,
         }
         run.output_dir = output_dir

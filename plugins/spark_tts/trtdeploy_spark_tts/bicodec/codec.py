@@ -11,14 +11,12 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from .config import BiCodecConfig, QuantizerConfig
+from .config import BiCodecConfig, QuantizerConfig, vocoder_receptive_radius
 from .layers import (
     FeatureDecoder,
     FeatureEncoder,
     WaveGenerator,
     WeightNormConv1d,
-    feature_decoder_token_radius,
-    wave_generator_token_radius,
 )
 from .mel import MelSpectrogram
 from .speaker import SpeakerEncoder
@@ -81,15 +79,6 @@ def fold_weight_norm(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tenso
         else:
             folded[key] = tensor
     return folded
-
-
-def vocoder_receptive_radius(config: BiCodecConfig) -> int:
-    """How many semantic tokens on each side of a token can change that token's audio.
-
-    Vocoding a chunk with this many extra tokens of context on each side (or up to the sequence's ends) gives the
-    chunk's audio as vocoding the whole sequence would, up to float rounding.
-    """
-    return feature_decoder_token_radius(config.prenet) + wave_generator_token_radius(config.decoder)
 
 
 class SemanticQuantizer(nn.Module):

@@ -10,6 +10,13 @@ from typing import Any
 
 import yaml
 
+#: Fixed sizes of the architecture (not in config.yaml).
+CONVNEXT_KERNEL = 7
+RESAMPLE_STAGE_LAYERS = 2
+GENERATOR_OUTER_KERNEL = 7
+RESIDUAL_UNIT_KERNEL = 7
+RESIDUAL_UNIT_DILATIONS = (1, 3, 9)
+
 
 @dataclass
 class MelConfig:
@@ -232,3 +239,36 @@ class BiCodecConfig:
                 input_channels=16, vocos_dim=16, vocos_intermediate_dim=32, vocos_num_layers=1, out_channels=16
             ),
         )
+
+
+def feature_decoder_token_radius(config: FeatureDecoderConfig) -> int:
+    """How many frames on each side reach an output frame: every conv in the backbones is ``CONVNEXT_KERNEL`` wide,
+    one input conv plus one per ConvNeXt block."""
+    convs = len(config.sample_ratios) * (1 + RESAMPLE_STAGE_LAYERS) + 1 + config.vocos_num_layers
+    return (CONVNEXT_KERNEL // 2) * convs
+
+
+def wave_generator_token_radius(config: WaveGeneratorConfig) -> int:
+    """How many input frames (tokens) on each side can reach an output sample within a frame's span.
+
+    Walks the generator from its output back to its input, keeping the radius in frames of the current rate: a
+    stride-1 conv of kernel k and dilation d adds ``d * (k // 2)``; a transposed conv of stride s, kernel k and
+    padding p turns a radius R around output sample n into at most ``ceil((R + max(k - 1 - p, p)) / s)`` around
+    input frame ``n // s``, the frame whose span holds n.
+    """
+    per_unit = sum(dilation * (RESIDUAL_UNIT_KERNEL // 2) for dilation in RESIDUAL_UNIT_DILATIONS)
+    radius = GENERATOR_OUTER_KERNEL // 2
+    for rate, kernel in reversed(list(zip(config.rates, config.kernel_sizes, strict=True))):
+        padding = (kernel - rate) // 2
+        radius += per_unit
+        radius = -(-(radius + max(kernel - 1 - padding, padding)) // rate)
+    return radius + GENERATOR_OUTER_KERNEL // 2
+
+
+def vocoder_receptive_radius(config: BiCodecConfig) -> int:
+    """How many semantic tokens on each side of a token can change that token's audio.
+
+    Vocoding a chunk with this many extra tokens of context on each side (or up to the sequence's ends) gives the
+    chunk's audio as vocoding the whole sequence would, up to float rounding.
+    """
+    return feature_decoder_token_radius(config.prenet) + wave_generator_token_radius(config.decoder)

@@ -10,7 +10,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import FeatureDecoderConfig, FeatureEncoderConfig, WaveGeneratorConfig
+from .config import (
+    CONVNEXT_KERNEL,
+    GENERATOR_OUTER_KERNEL,
+    RESAMPLE_STAGE_LAYERS,
+    RESIDUAL_UNIT_DILATIONS,
+    RESIDUAL_UNIT_KERNEL,
+    FeatureDecoderConfig,
+    FeatureEncoderConfig,
+    WaveGeneratorConfig,
+)
 
 try:
     import triton
@@ -18,11 +27,6 @@ try:
 except ImportError:  # CPU-only builds of torch come without Triton
     triton = None
 
-CONVNEXT_KERNEL = 7
-RESAMPLE_STAGE_LAYERS = 2
-GENERATOR_OUTER_KERNEL = 7
-RESIDUAL_UNIT_KERNEL = 7
-RESIDUAL_UNIT_DILATIONS = (1, 3, 9)
 _NORM_EPS = 1e-6
 
 
@@ -263,27 +267,3 @@ class WaveGenerator(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
-
-
-def feature_decoder_token_radius(config: FeatureDecoderConfig) -> int:
-    """How many frames on each side reach an output frame: every conv in the backbones is ``CONVNEXT_KERNEL`` wide,
-    one input conv plus one per ConvNeXt block."""
-    convs = len(config.sample_ratios) * (1 + RESAMPLE_STAGE_LAYERS) + 1 + config.vocos_num_layers
-    return (CONVNEXT_KERNEL // 2) * convs
-
-
-def wave_generator_token_radius(config: WaveGeneratorConfig) -> int:
-    """How many input frames (tokens) on each side can reach an output sample within a frame's span.
-
-    Walks the generator from its output back to its input, keeping the radius in frames of the current rate: a
-    stride-1 conv of kernel k and dilation d adds ``d * (k // 2)``; a transposed conv of stride s, kernel k and
-    padding p turns a radius R around output sample n into at most ``ceil((R + max(k - 1 - p, p)) / s)`` around
-    input frame ``n // s``, the frame whose span holds n.
-    """
-    per_unit = sum(dilation * (RESIDUAL_UNIT_KERNEL // 2) for dilation in RESIDUAL_UNIT_DILATIONS)
-    radius = GENERATOR_OUTER_KERNEL // 2
-    for rate, kernel in reversed(list(zip(config.rates, config.kernel_sizes, strict=True))):
-        padding = (kernel - rate) // 2
-        radius += per_unit
-        radius = -(-(radius + max(kernel - 1 - padding, padding)) // rate)
-    return radius + GENERATOR_OUTER_KERNEL // 2

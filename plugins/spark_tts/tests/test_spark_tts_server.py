@@ -174,6 +174,8 @@ def test_concurrency_four_streams(server):
         (lambda: tts_inputs(np.zeros(600 * SAMPLE_RATE, np.float32)), "reference audio is 600.0 s, longer than"),
         (lambda: tts_inputs(voice(1.0), target=b"caf\xe9"), "'target_text' is not valid UTF-8"),
         (lambda: tts_inputs(voice(1.0), max_tokens=(401, "INT32")), "max_tokens 401 is outside 1..400"),
+        (lambda: tts_inputs(np.full(800, np.nan, np.float32)), "reference_wav holds NaN"),
+        (lambda: tts_inputs(voice(1.0), top_p=(1.5, "FP32")), "top_p 1.5 is out of range"),
     ],
 )
 @pytest.mark.parametrize("model", ["spark_tts", "spark_tts_offline"])

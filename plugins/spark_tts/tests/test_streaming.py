@@ -88,3 +88,17 @@ def test_crossfade_moves_from_old_to_new() -> None:
 def test_schedule_rejects_impossible_settings(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         ChunkSchedule(**kwargs)
+
+
+def test_tokens_until_next_chunk_asks_for_exactly_one_chunk_at_a_time() -> None:
+    """The BLS asks the LLM for this many tokens per call: each call then completes exactly one chunk."""
+    schedule = ChunkSchedule(first_tokens=25, growth=4.0, max_tokens=400, overlap_tokens=5, context_tokens=RADIUS)
+    audio_stream = AudioStream(schedule, smoothing_vocoder)
+    asked = []
+    for _ in range(5):
+        wanted = audio_stream.tokens_until_next_chunk()
+        asked.append(wanted)
+        assert len(audio_stream.push(np.arange(wanted) % 8192)) == 1
+    assert asked == [25, 100, 400, 400, 400]
+    audio_stream.push([1, 2, 3])
+    assert audio_stream.tokens_until_next_chunk() == 397

@@ -140,9 +140,12 @@ class TritonPythonModel:
             raise RequestError(
                 f"max_tokens {max_tokens} is outside 1..{self.max_output_len} (this deployment's max_output_len)"
             )
+        wav = np.array(wav[:length], dtype=np.float32)
+        if not np.isfinite(wav).all():
+            raise RequestError("reference_wav holds NaN or infinite samples")
         seed = optional_scalar(request, "random_seed")
-        return Synthesis(
-            wav=np.array(wav[:length], dtype=np.float32),
+        job = Synthesis(
+            wav=wav,
             reference_text=reference_text,
             target_text=target_text,
             max_tokens=max_tokens,
@@ -154,6 +157,19 @@ class TritonPythonModel:
             ),
             seed=None if seed is None else int(seed),
         )
+        limits = {
+            "temperature": job.temperature >= 0,
+            "top_k": job.top_k >= 0,
+            "top_p": 0 <= job.top_p <= 1,
+            "repetition_penalty": job.repetition_penalty > 0,
+        }
+        bad = [name for name, ok in limits.items() if not ok]
+        if bad:
+            raise RequestError(
+                f"{bad[0]} {getattr(job, bad[0]):g} is out of range (temperature >= 0, top_k >= 0, "
+                "0 <= top_p <= 1, repetition_penalty > 0)"
+            )
+        return job
 
     # --- serving it --------------------------------------------------------------------------------------------
 

@@ -154,7 +154,8 @@ def perf(
     ] = None,
     json: JsonOpt = False,
 ) -> None:
-    """Benchmark a served deployment: TTFT, ITL, latency and throughput per concurrency level or request rate."""
+    """Benchmark a served deployment per concurrency level or request rate: TTFT, ITL, latency and throughput (TTS:
+    first-chunk latency, RTF, saved audio, WER/CER with --asr-url)."""
     levels = parse_int_list(concurrency or "1", name="--concurrency")
     if concurrency is not None and request_rate is not None:
         raise UsageError(

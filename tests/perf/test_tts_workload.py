@@ -85,7 +85,7 @@ def test_unreadable_audio_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_requests_resample_to_16k_and_send_the_declared_options() -> None:
-    workload = TTSWorkload("spark_tts", decoupled=True, sample_rate=16000)
+    workload = TTSWorkload("spark_tts", decoupled=True, sample_rate=16000, tokens_per_second=50)
     model = tts_model("sample_rate", "max_tokens", "temperature", "random_seed")
     row = InputRow(
         input="target",
@@ -116,7 +116,7 @@ def test_requests_resample_to_16k_and_send_the_declared_options() -> None:
 
 
 def test_chunks_are_audio_and_a_request_without_audio_fails() -> None:
-    workload = TTSWorkload("spark_tts", decoupled=True, sample_rate=16000)
+    workload = TTSWorkload("spark_tts", decoupled=True, sample_rate=16000, tokens_per_second=50)
     chunks = [workload.parse_chunk({"waveform": np.ones((1, n), np.float32)}, None) for n in (3200, 1600)]
     assert [chunk.audio_seconds for chunk in chunks] == [0.2, 0.1]
     assert not workload.parse_chunk({"waveform": np.zeros((1, 0), np.float32)}, None).has_content
@@ -127,7 +127,7 @@ def test_chunks_are_audio_and_a_request_without_audio_fails() -> None:
 
 
 def test_synthetic_rows_are_reproducible_and_sized_like_the_real_split() -> None:
-    workload = TTSWorkload("spark_tts", decoupled=False, sample_rate=16000)
+    workload = TTSWorkload("spark_tts", decoupled=False, sample_rate=16000, tokens_per_second=50)
     rows = workload.synthetic_rows(26, input_tokens=128, output_tokens=None, seed=7)
     again = workload.synthetic_rows(26, input_tokens=128, output_tokens=None, seed=7)
     assert [row.input for row in rows] == [row.input for row in again]
@@ -144,7 +144,7 @@ def test_local_dataset_with_seed_tts_columns(tmp_path: Path) -> None:
     write_wav(tmp_path / "a.wav", tone(0.25, 16000), 16000)
     record = {"id": "x1", "prompt_text": "p", "prompt_audio": str(tmp_path / "a.wav"), "target_text": "t"}
     (tmp_path / "data.jsonl").write_text(json.dumps(record) + "\n")
-    workload = TTSWorkload("spark_tts", decoupled=False, sample_rate=16000)
+    workload = TTSWorkload("spark_tts", decoupled=False, sample_rate=16000, tokens_per_second=50)
     (row,) = workload.load_dataset(str(tmp_path / "data.jsonl"), split=None, column=None, reference_column=None)
     assert row.input == "t" and row.fields["samples"].size == 4000
     with pytest.raises(UsageError, match="--reference-column does not apply"):

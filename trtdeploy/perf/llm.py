@@ -16,21 +16,6 @@ if TYPE_CHECKING:
     import numpy as np
     from transformers import PreTrainedTokenizerBase
 
-#: Optional sampling inputs, keyed by the RequestOptions field that sets them: the names a model may use for
-#: each (TRT-LLM's ensemble says top_k/top_p, its tensorrt_llm model runtime_top_k/runtime_top_p).
-_SAMPLING_INPUTS = {
-    "temperature": ("temperature",),
-    "top_k": ("top_k", "runtime_top_k"),
-    "top_p": ("top_p", "runtime_top_p"),
-    "seed": ("random_seed",),
-}
-
-
-def _sampling_input(model: ModelInfo, key: str) -> str:
-    """The name under which ``model`` takes the sampling option ``key`` (the first name when it takes none)."""
-    names = _SAMPLING_INPUTS[key]
-    return next((name for name in names if name in model.inputs), names[0])
-
 
 def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     """The Hugging Face tokenizer in ``path``, from local files only."""
@@ -42,14 +27,6 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError) as exc:
         raise NotFoundError(f"no usable tokenizer in {path} ({exc})") from None
-
-
-def _scalar(model: ModelInfo, name: str, value: Any) -> np.ndarray:
-    """A one-element tensor for input ``name``, in the data type and shape the model declares."""
-    import numpy as np
-    from tritonclient.utils import triton_to_np_dtype
-
-    return np.full(model.shape(1), value, dtype=triton_to_np_dtype(model.inputs[name].datatype))
 
 
 def _token_ids(outputs: Mapping[str, np.ndarray]) -> np.ndarray | None:
@@ -124,10 +101,10 @@ class _LLMWorkload(Workload):
         return [InputRow(input=prompt, max_tokens=output_tokens) for prompt in prompts]
 
     def _validate_options(self, model: ModelInfo, options: RequestOptions) -> None:
-        wanted = [_sampling_input(model, key) for key in _SAMPLING_INPUTS if getattr(options, key) is not None]
+        wanted = model.sampling_inputs(options)
         if options.temperature and options.top_p == 1.0 and not options.top_k:  # temperature sampling
-            top_p = _sampling_input(model, "top_p")
-            if top_p not in model.inputs and _sampling_input(model, "temperature") in model.inputs:
+            top_p = model.sampling_input("top_p")
+            if top_p not in model.inputs and model.sampling_input("temperature") in model.inputs:
                 raise UsageError(
                     f"model {model.name!r} has no input 'top_p': with top_k and top_p off (0) TRT-LLM decodes "
                     "greedily whatever the temperature, so --temperature samples with top_p 1.0",
@@ -141,18 +118,14 @@ class _LLMWorkload(Workload):
         self, row: InputRow, options: RequestOptions, model: ModelInfo, *, length_input: str, stream_input: str
     ) -> dict[str, np.ndarray]:
         max_tokens = row.max_tokens or options.max_tokens or self.max_tokens
-        tensors = {length_input: _scalar(model, length_input, max_tokens)}
+        tensors = {length_input: model.scalar(length_input, max_tokens)}
         if stream_input in model.inputs:
-            tensors[stream_input] = _scalar(model, stream_input, options.stream)
+            tensors[stream_input] = model.scalar(stream_input, options.stream)
         if options.ignore_eos:
-            tensors["end_id"] = _scalar(model, "end_id", -1)
+            tensors["end_id"] = model.scalar("end_id", -1)
         if "exclude_input_in_output" in model.inputs:
-            tensors["exclude_input_in_output"] = _scalar(model, "exclude_input_in_output", True)
-        for key in _SAMPLING_INPUTS:
-            value = getattr(options, key)
-            if value is not None:
-                name = _sampling_input(model, key)
-                tensors[name] = _scalar(model, name, value)
+            tensors["exclude_input_in_output"] = model.scalar("exclude_input_in_output", True)
+        tensors.update(model.sampling_tensors(options))
         return tensors
 
 
@@ -175,10 +148,8 @@ class TextLLMWorkload(_LLMWorkload):
         self._validate_options(model, options)
 
     def make_request(self, row: InputRow, options: RequestOptions, model: ModelInfo) -> Request:
-        import numpy as np
-
         text = str(row.input)
-        tensors = {"text_input": np.array([text.encode("utf-8")], dtype=np.object_).reshape(model.shape(1))}
+        tensors = {"text_input": model.scalar("text_input", text)}
         tensors.update(self._generation_inputs(row, options, model, length_input="max_tokens", stream_input="stream"))
         outputs = ("text_output", "output_ids") if "output_ids" in model.outputs else ("text_output",)
         input_tokens = len(self.prompt_ids(text)) if self.tokenizer_dir is not None else None
@@ -244,7 +215,7 @@ class TokenLLMWorkload(_LLMWorkload):
         ids = np.asarray(self.prompt_ids(str(row.input)), dtype=np.int32)
         tensors = {
             "input_ids": ids.reshape(model.shape(ids.size)),
-            "input_lengths": _scalar(model, "input_lengths", ids.size),
+            "input_lengths": model.scalar("input_lengths", ids.size),
         }
         tensors.update(
             self._generation_inputs(row, options, model, length_input="request_output_len", stream_input="streaming")

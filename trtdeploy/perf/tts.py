@@ -38,13 +38,10 @@ REFERENCE_TEXT_COLUMNS = ("prompt_text", "reference_text")
 TARGET_TEXT_COLUMNS = ("target_text", "text")
 #: The seed-tts-eval list file of a test-set folder.
 META_LIST = "meta.lst"
-#: Sampling inputs, by the RequestOptions field that sets them.
-SAMPLING_INPUTS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "seed": "random_seed"}
 #: Synthetic rows: target speech durations (uniform, seconds), reference durations, words per second.
 SYNTHETIC_TARGET_S = (3.0, 10.0)
 SYNTHETIC_REFERENCE_S = (3.0, 8.0)
 WORDS_PER_SECOND = 2.5
-TOKENS_PER_SECOND = 50
 _WORDS = (
     "the a voice model speaks clearly today and every morning we walk along quiet rivers while bright birds sing "
     "over green hills people listen to music in small rooms then share stories about distant cities with friends"
@@ -172,12 +169,22 @@ class TTSWorkload(Workload):
 
     family = "tts"
 
-    def __init__(self, model_name: str, *, decoupled: bool, sample_rate: int, input_sample_rate: int = 16000) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        *,
+        decoupled: bool,
+        sample_rate: int,
+        tokens_per_second: int,
+        input_sample_rate: int = 16000,
+    ) -> None:
         self.model_name = model_name
         self.decoupled = decoupled
         #: Rate of the audio the model returns, and of the reference audio it takes.
         self.sample_rate = sample_rate
         self.input_sample_rate = input_sample_rate
+        #: Speech tokens per second of audio (``max_tokens`` of synthetic rows).
+        self.tokens_per_second = tokens_per_second
 
     def validate(self, model: ModelInfo, options: RequestOptions) -> None:
         model.require_inputs("reference_wav", "reference_text", "target_text")
@@ -185,7 +192,7 @@ class TTSWorkload(Workload):
             raise UsageError(f"model {model.name!r} has no output 'waveform' (its outputs: {', '.join(model.outputs)})")
         if options.ignore_eos:
             raise UsageError("--ignore-eos applies to LLM workloads", hint="cap the speech length with --osl")
-        wanted = [name for key, name in SAMPLING_INPUTS.items() if getattr(options, key) is not None]
+        wanted = model.sampling_inputs(options)
         if options.max_tokens is not None:
             wanted.append("max_tokens")
         model.require_inputs(*wanted)
@@ -220,7 +227,7 @@ class TTSWorkload(Workload):
 
     def synthetic_rows(self, count: int, *, input_tokens: int, output_tokens: int | None, seed: int) -> list[InputRow]:
         """``count`` rows (``input_tokens`` does not apply to speech); each asks for ``output_tokens`` tokens, else
-        for its target duration at 50 tokens/s."""
+        for its target duration at the model's speech tokens per second."""
         import numpy as np
 
         rows = []
@@ -235,38 +242,27 @@ class TTSWorkload(Workload):
                 "samples": synthetic_voice(reference_s, rng, self.input_sample_rate),
                 "sample_rate": self.input_sample_rate,
             }
-            max_tokens = output_tokens or round(target_s * TOKENS_PER_SECOND)
+            max_tokens = output_tokens or round(target_s * self.tokens_per_second)
             rows.append(InputRow(input=target, reference=target, max_tokens=max_tokens, fields=fields))
         return rows
 
     def make_request(self, row: InputRow, options: RequestOptions, model: ModelInfo) -> Request:
         import numpy as np
-        from tritonclient.utils import triton_to_np_dtype
 
         samples = resample(row.fields["samples"], row.fields["sample_rate"], self.input_sample_rate)
-
-        def scalar(name: str, value: Any) -> np.ndarray:
-            return np.full(model.shape(1), value, dtype=triton_to_np_dtype(model.inputs[name].datatype))
-
-        def text(value: str) -> np.ndarray:
-            return np.array([value.encode("utf-8")], dtype=np.object_).reshape(model.shape(1))
-
         tensors = {
             "reference_wav": samples.astype(np.float32).reshape(model.shape(samples.size)),
-            "reference_text": text(row.fields["reference_text"]),
-            "target_text": text(str(row.input)),
+            "reference_text": model.scalar("reference_text", row.fields["reference_text"]),
+            "target_text": model.scalar("target_text", str(row.input)),
         }
         if "reference_wav_len" in model.inputs:
-            tensors["reference_wav_len"] = scalar("reference_wav_len", samples.size)
+            tensors["reference_wav_len"] = model.scalar("reference_wav_len", samples.size)
         if "sample_rate" in model.inputs:
-            tensors["sample_rate"] = scalar("sample_rate", self.input_sample_rate)
+            tensors["sample_rate"] = model.scalar("sample_rate", self.input_sample_rate)
         max_tokens = row.max_tokens or options.max_tokens
         if max_tokens is not None and "max_tokens" in model.inputs:
-            tensors["max_tokens"] = scalar("max_tokens", max_tokens)
-        for key, name in SAMPLING_INPUTS.items():
-            value = getattr(options, key)
-            if value is not None:
-                tensors[name] = scalar(name, value)
+            tensors["max_tokens"] = model.scalar("max_tokens", max_tokens)
+        tensors.update(model.sampling_tensors(options))
         return Request(
             inputs=tensors, outputs=("waveform",), reference=row.reference, label=row.fields.get("id") or None
         )

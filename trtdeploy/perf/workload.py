@@ -33,6 +33,16 @@ MetricFamily = Literal["llm", "tts"]
 TokenSource = Literal["server", "retokenized"]
 
 
+#: Optional sampling inputs, keyed by the RequestOptions field that sets them: the names a model may use for
+#: each (TRT-LLM's ensemble and TTS models say top_k/top_p, its tensorrt_llm model runtime_top_k/runtime_top_p).
+SAMPLING_INPUTS = {
+    "temperature": ("temperature",),
+    "top_k": ("top_k", "runtime_top_k"),
+    "top_p": ("top_p", "runtime_top_p"),
+    "seed": ("random_seed",),
+}
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """One input or output of a Triton model, as its configuration declares it (dims without the batch dim)."""
@@ -56,6 +66,36 @@ class ModelInfo:
     def shape(self, *dims: int) -> list[int]:
         """The full tensor shape of one request: ``dims`` with a leading batch dim of 1 when the model batches."""
         return [1, *dims] if self.max_batch_size > 0 else list(dims)
+
+    def scalar(self, name: str, value: Any) -> np.ndarray:
+        """A one-element tensor for input ``name``, in the data type and shape the model declares (text goes in as
+        UTF-8 bytes)."""
+        import numpy as np
+        from tritonclient.utils import triton_to_np_dtype
+
+        if isinstance(value, str):
+            value = value.encode("utf-8")
+        return np.full(self.shape(1), value, dtype=triton_to_np_dtype(self.inputs[name].datatype))
+
+    def sampling_input(self, key: str) -> str:
+        """The name under which this model takes the sampling option ``key`` of :data:`SAMPLING_INPUTS` (the first
+        name when it takes none)."""
+        names = SAMPLING_INPUTS[key]
+        return next((name for name in names if name in self.inputs), names[0])
+
+    def sampling_inputs(self, options: RequestOptions) -> list[str]:
+        """The inputs the sampling options set in ``options`` go to."""
+        return [self.sampling_input(key) for key in SAMPLING_INPUTS if getattr(options, key) is not None]
+
+    def sampling_tensors(self, options: RequestOptions) -> dict[str, np.ndarray]:
+        """The tensors of the sampling options set in ``options``."""
+        tensors = {}
+        for key in SAMPLING_INPUTS:
+            value = getattr(options, key)
+            if value is not None:
+                name = self.sampling_input(key)
+                tensors[name] = self.scalar(name, value)
+        return tensors
 
     def require_inputs(self, *names: str) -> None:
         """Raise UsageError naming every one of ``names`` the model does not take."""

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import trtdeploy
 from trtdeploy import BuildContext, Deployment, Mode, ModelSpec, UsageError
 
-from .prompt import GLOBAL_TOKENS, TOKENS_PER_SECOND
+from .prompt import GLOBAL_TOKENS, SAMPLE_RATE, TOKENS_PER_SECOND
 
 if TYPE_CHECKING:
     from trtdeploy.perf.tts import TTSWorkload
@@ -156,7 +156,12 @@ class SparkTTS(ModelSpec):
     def workload(self, deployment: Deployment) -> TTSWorkload:
         from trtdeploy.perf.tts import TTSWorkload
 
-        return TTSWorkload(model_name=deployment.entry_model, decoupled=deployment.decoupled, sample_rate=16000)
+        return TTSWorkload(
+            model_name=deployment.entry_model,
+            decoupled=deployment.decoupled,
+            sample_rate=SAMPLE_RATE,
+            tokens_per_second=TOKENS_PER_SECOND,
+        )
 
 
 @trtdeploy.hookimpl

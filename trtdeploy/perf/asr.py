@@ -27,6 +27,8 @@ import jiwer
 import numpy as np
 
 from ..errors import NotFoundError, PerfError, ServerError, UsageError
+from .runner import check_url
+from .transports import failure_reason
 
 Language = Literal["en", "zh"]
 LANGUAGES: tuple[Language, ...] = ("en", "zh")
@@ -189,12 +191,7 @@ def whisper_prefix(language: str) -> str:
 
 
 def _address(url: str) -> str:
-    scheme, sep, rest = url.strip().partition("://")
-    address = (rest if sep else scheme).rstrip("/")
-    host, _, port = address.rpartition(":")
-    if (sep and scheme != "grpc") or not host or "/" in address or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UsageError(f"--asr-url {url!r} is not HOST:PORT", hint="e.g. --asr-url localhost:8001 (Triton's gRPC)")
-    return address
+    return check_url(url, flag="--asr-url", schemes=("grpc",), example="e.g. --asr-url localhost:8001 (Triton's gRPC)")
 
 
 def _wav(wav: Any, index: int) -> np.ndarray:
@@ -208,26 +205,20 @@ def _wav(wav: Any, index: int) -> np.ndarray:
     return np.ascontiguousarray(array, dtype=np.float32)
 
 
-def _message(exc: Any) -> str:
-    from tritonclient.utils import InferenceServerException
-
-    text = exc.message() if isinstance(exc, InferenceServerException) else str(exc)
-    lines = (text or "").strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
-
-
 async def _check_model(client: Any, address: str, model: str) -> None:
     """Raise unless the server is live and ``model`` is ready and has the Whisper inputs and outputs."""
     try:
         live = await client.is_server_live(client_timeout=_CONTROL_TIMEOUT_S)
     except Exception as exc:
-        raise ServerError(f"cannot reach the Whisper server at {address}: {_message(exc)}", hint=_URL_HINT) from None
+        raise ServerError(
+            f"cannot reach the Whisper server at {address}: {failure_reason(exc)}", hint=_URL_HINT
+        ) from None
     if not live:
         raise ServerError(f"the Whisper server at {address} is not live", hint=_URL_HINT)
     try:
         index = await client.get_model_repository_index(as_json=True, client_timeout=_CONTROL_TIMEOUT_S)
     except Exception as exc:
-        raise ServerError(f"cannot list the models at {address}: {_message(exc)}") from None
+        raise ServerError(f"cannot list the models at {address}: {failure_reason(exc)}") from None
     entries = [entry for entry in index.get("models", []) if entry.get("name") == model]
     if not entries:
         names = sorted({entry.get("name", "?") for entry in index.get("models", [])})
@@ -241,7 +232,7 @@ async def _check_model(client: Any, address: str, model: str) -> None:
     try:
         metadata = await client.get_model_metadata(model, as_json=True, client_timeout=_CONTROL_TIMEOUT_S)
     except Exception as exc:
-        raise ServerError(f"cannot read the metadata of {model!r} at {address}: {_message(exc)}") from None
+        raise ServerError(f"cannot read the metadata of {model!r} at {address}: {failure_reason(exc)}") from None
     problems = []
     for kind, wanted in (("input", WHISPER_INPUTS), ("output", WHISPER_OUTPUTS)):
         have = {tensor["name"]: tensor.get("datatype") for tensor in metadata.get(f"{kind}s", [])}
@@ -338,7 +329,7 @@ async def transcribe(
                     )
                 except Exception as exc:
                     raise PerfError(
-                        f"ASR request for utterance {index} failed ({model!r} at {address}): {_message(exc)}"
+                        f"ASR request for utterance {index} failed ({model!r} at {address}): {failure_reason(exc)}"
                     ) from None
             text = result.as_numpy("TRANSCRIPTS")
             if text is None or not text.size:

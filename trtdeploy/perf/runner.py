@@ -322,18 +322,22 @@ async def run_levels(
     )
 
 
-def check_url(url: str) -> str:
-    """``HOST:PORT`` of ``url`` (``[grpc|http]://HOST:PORT[/]`` is accepted too); UsageError if it is not one."""
+def check_url(
+    url: str,
+    *,
+    flag: str = "--url",
+    schemes: tuple[str, ...] = ("grpc", "http", "https"),
+    example: str = "e.g. --url localhost:8001 (gRPC), or --url localhost:8000 --protocol http",
+) -> str:
+    """``HOST:PORT`` of ``url`` (``SCHEME://HOST:PORT[/]`` is accepted too, for one of ``schemes``); UsageError
+    naming the option ``flag`` if it is not one."""
     scheme, sep, rest = url.strip().partition("://")
     address = (rest if sep else scheme).rstrip("/")
     host, _, port = address.rpartition(":")
-    if (sep and scheme not in ("grpc", "http", "https")) or not host or "/" in address or not port.isdigit():
-        raise UsageError(
-            f"--url {url!r} is not HOST:PORT",
-            hint="e.g. --url localhost:8001 (gRPC), or --url localhost:8000 --protocol http",
-        )
+    if (sep and scheme not in schemes) or not host or "/" in address or not port.isdigit():
+        raise UsageError(f"{flag} {url!r} is not HOST:PORT", hint=example)
     if not 0 < int(port) < 65536:
-        raise UsageError(f"--url {url!r}: port {port} is not between 1 and 65535")
+        raise UsageError(f"{flag} {url!r}: port {port} is not between 1 and 65535")
     return address
 
 

@@ -411,7 +411,7 @@ class ControlClient:
             else:
                 live = await asyncio.wait_for(self._client.is_server_live(), timeout_s)
         except Exception as exc:
-            raise ServerError(f"cannot reach Triton at {self.url}: {_reason(exc)}", hint=_SERVE_HINT) from None
+            raise ServerError(f"cannot reach Triton at {self.url}: {failure_reason(exc)}", hint=_SERVE_HINT) from None
         if not live:
             raise ServerError(f"Triton at {self.url} is not live", hint=_SERVE_HINT)
 
@@ -445,7 +445,8 @@ class ControlClient:
         return list(stats.get("model_stats", []))
 
 
-def _reason(exc: BaseException) -> str:
+def failure_reason(exc: BaseException) -> str:
+    """One line saying why a call to Triton failed (the server's message, or a timeout)."""
     from tritonclient.utils import InferenceServerException
 
     if isinstance(exc, InferenceServerException):

@@ -60,3 +60,14 @@ def decode_text(request: Any, name: str) -> str:
     except UnicodeDecodeError as exc:
         raise ValueError(f"input {name!r} is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
     return text
+
+
+def first_sequence(output_ids: Any, sequence_length: Any = None) -> Any:
+    """The first sequence of an ``output_ids`` array (``[batch, beam, tokens]`` or flatter), cut to its
+    ``sequence_length`` when that is given; an empty array (nothing generated) is an empty sequence."""
+    if output_ids.size == 0:
+        return output_ids.reshape(-1)
+    flat = output_ids.reshape(-1, output_ids.shape[-1])[0] if output_ids.ndim > 1 else output_ids.reshape(-1)
+    if sequence_length is not None and sequence_length.size:
+        flat = flat[: int(sequence_length.reshape(-1)[0])]
+    return flat

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..backend_utils import first_sequence
 from ..errors import NotFoundError, UsageError
 from .workload import Chunk, InputRow, ModelInfo, Request, RequestOptions, Result, Workload
 
@@ -30,20 +31,9 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
 
 
 def _token_ids(outputs: Mapping[str, np.ndarray]) -> np.ndarray | None:
-    """The first sequence of ``output_ids`` (trimmed to ``sequence_length`` when given), or None if absent.
-
-    An empty tensor (``[1, 1, 0]``: nothing generated) is an empty sequence.
-    """
+    """The first sequence of ``output_ids`` (trimmed to ``sequence_length`` when given), or None if absent."""
     ids = outputs.get("output_ids")
-    if ids is None:
-        return None
-    if ids.size == 0:
-        return ids.reshape(-1)
-    flat = ids.reshape(-1, ids.shape[-1])[0] if ids.ndim > 1 else ids.reshape(-1)
-    lengths = outputs.get("sequence_length")
-    if lengths is not None and lengths.size:
-        flat = flat[: int(lengths.reshape(-1)[0])]
-    return flat
+    return None if ids is None else first_sequence(ids, outputs.get("sequence_length"))
 
 
 def _text(outputs: Mapping[str, np.ndarray], name: str) -> str:

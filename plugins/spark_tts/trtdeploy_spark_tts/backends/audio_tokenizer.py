@@ -13,23 +13,7 @@ import triton_python_backend_utils as pb_utils
 from trtdeploy.backend_utils import ModelParameters
 
 from ..prompt import SAMPLE_RATE
-
-
-def _reference_wav(request, max_samples: int) -> np.ndarray:
-    """The request's waveform, cut to ``reference_wav_len``; ValueError for anything unusable."""
-    wav = pb_utils.get_input_tensor_by_name(request, "reference_wav").as_numpy().reshape(-1)
-    length_tensor = pb_utils.get_input_tensor_by_name(request, "reference_wav_len")
-    length = wav.size if length_tensor is None else int(length_tensor.as_numpy().reshape(-1)[0])
-    if not 0 < length <= wav.size:
-        raise ValueError(f"reference_wav_len {length} does not fit reference_wav of {wav.size} samples")
-    if length > max_samples:
-        raise ValueError(
-            f"reference audio is {length / SAMPLE_RATE:.1f} s; at most {max_samples / SAMPLE_RATE:g} s are accepted"
-        )
-    wav = wav[:length].astype(np.float32, copy=False)
-    if not np.isfinite(wav).all():
-        raise ValueError("reference_wav holds NaN or infinite samples")
-    return wav
+from .reference import reference_wav
 
 
 class TritonPythonModel:
@@ -51,7 +35,7 @@ class TritonPythonModel:
         wavs, slots = [], []
         for index, request in enumerate(requests):
             try:
-                wavs.append(_reference_wav(request, self.max_samples))
+                wavs.append(reference_wav(request, self.max_samples))
                 slots.append(index)
             except ValueError as exc:
                 responses[index] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))

@@ -24,10 +24,11 @@ from dataclasses import dataclass
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trtdeploy.backend_utils import ModelParameters, decode_text, optional_scalar
+from trtdeploy.backend_utils import ModelParameters, decode_text, first_sequence, optional_scalar
 
 from ..prompt import SAMPLE_RATE, TOKENS_PER_SECOND, PromptCodec, semantic_tokens_for
 from ..streaming import AudioStream, ChunkSchedule
+from .reference import reference_wav
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -123,26 +124,15 @@ class TritonPythonModel:
         sample_rate = optional_scalar(request, "sample_rate", SAMPLE_RATE)
         if sample_rate != SAMPLE_RATE:
             raise RequestError(f"reference_wav must be {SAMPLE_RATE} Hz mono, got {sample_rate} Hz: resample it first")
-        wav = pb_utils.get_input_tensor_by_name(request, "reference_wav")
-        if wav is None:
-            raise RequestError("input 'reference_wav' is missing")
-        wav = wav.as_numpy().reshape(-1)
-        length = int(optional_scalar(request, "reference_wav_len", wav.size))
-        if not 0 < length <= wav.size:
-            raise RequestError(f"reference_wav_len {length} does not fit reference_wav of {wav.size} samples")
-        if length > self.max_reference_samples:
-            raise RequestError(
-                f"reference audio is {length / SAMPLE_RATE:.1f} s, longer than the "
-                f"{self.max_reference_samples / SAMPLE_RATE:g} s this deployment takes: use a shorter reference"
-            )
+        try:
+            wav = reference_wav(request, self.max_reference_samples)
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
         max_tokens = int(optional_scalar(request, "max_tokens", self.defaults["max_tokens"]))
         if not 0 < max_tokens <= self.max_output_len:
             raise RequestError(
                 f"max_tokens {max_tokens} is outside 1..{self.max_output_len} (this deployment's max_output_len)"
             )
-        wav = np.array(wav[:length], dtype=np.float32)
-        if not np.isfinite(wav).all():
-            raise RequestError("reference_wav holds NaN or infinite samples")
         seed = optional_scalar(request, "random_seed")
         job = Synthesis(
             wav=wav,
@@ -235,11 +225,8 @@ class TritonPythonModel:
             inputs.append(_tensor("random_seed", [job.seed], np.uint64))
         response = _call(self.llm_model, inputs, ["output_ids", "sequence_length"])
         ids = pb_utils.get_output_tensor_by_name(response, "output_ids").as_numpy()
-        ids = ids.reshape(-1, ids.shape[-1])[0]
         lengths = pb_utils.get_output_tensor_by_name(response, "sequence_length")
-        if lengths is not None and lengths.as_numpy().size:
-            ids = ids[: int(lengths.as_numpy().reshape(-1)[0])]
-        return ids.astype(np.int32)
+        return first_sequence(ids, None if lengths is None else lengths.as_numpy()).astype(np.int32)
 
     def _stream(self, job: Synthesis, global_codes: np.ndarray, prompt: np.ndarray, sender) -> None:
         """Ask the LLM for the tokens of the next chunk, vocode, send; until it ends or the cap is reached."""

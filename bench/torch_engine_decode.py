@@ -4,7 +4,8 @@ For each batch size it prints prefill time (TTFT of a batched prefill), the mode
 greedy, no host work), the same through the continuous-batching loop (streaming, one host sync per step), output
 tokens/s, and the bandwidth bound: weight bytes read per step / HBM bandwidth measured by a device-to-device copy.
 Before timing it checks the runtime against transformers (prefill logits, graph vs eager decode, greedy tokens) and
-seeded sampling alone vs in a batch; with ``--tiny --dtype fp32`` every check must agree exactly.
+seeded sampling alone vs in a batch, graph vs eager sampling; with ``--tiny --dtype fp32`` every check must agree
+exactly. The loop is timed greedy and with Spark-TTS's sampling settings (top-k 50, top-p 0.95, temperature 0.8).
 
     PYTHONPATH=. python3 bench/torch_engine_decode.py [--batches 1,4,16,64] [--tiny --device cpu]
 """
@@ -25,7 +26,11 @@ from trtdeploy.engines.torch.runtime import (
     Generator,
     GeneratorConfig,
     SamplingParams,
+    SlotSampler,
 )
+
+#: Spark-TTS's official sampling settings: the ranked path (top-k, then nucleus) of the sampler.
+SAMPLED = SamplingParams(temperature=0.8, top_k=50, top_p=0.95, seed=7)
 
 QWEN25_05B = {
     "hidden_size": 896,
@@ -101,6 +106,11 @@ def run_requests(generator: Generator, requests: list[GenerationRequest]) -> tup
     return start, sinks
 
 
+def inter_token(sinks: list[TimingSink]) -> float:
+    """Mean milliseconds between a stream's tokens, averaged over the streams."""
+    return sum((s.times[-1] - s.times[0]) / (len(s.times) - 1) for s in sinks) / len(sinks) * 1e3
+
+
 def model_decode(model: DecoderModel, prompts: list[list[int]], steps: int) -> tuple[float, float]:
     """Seconds of one batched prefill, and mean seconds per greedy decode step (device-side only)."""
     device = model.device
@@ -141,6 +151,14 @@ def check(model: DecoderModel, hf: torch.nn.Module, generator_factory, length: i
     eager = model.logits[:bucket].clone()
     difference = (graphed - eager).abs().max().item()
     print(f"check: decode graph vs eager max |diff| {difference:.5f} (graphs: {model.use_graphs})")
+    graphs = model.capture if model.use_graphs else None
+    samplers = [SlotSampler(model.max_slots, model.vocab_size, model.device, capture) for capture in (None, graphs)]
+    rows = min(4, model.max_slots)
+    picks = []
+    for sampler in samplers:
+        sampler.assign(list(range(rows)), [SAMPLED] * rows, [[0]] * rows)
+        picks.append([sampler.sample_decode(model.logits[:rows], model.positions[:rows]).tolist() for _ in range(2)])
+    print(f"check: sampling step graph vs eager, same tokens: {picks[0] == picks[1]}")
     model.stop([0])
     generator = generator_factory()
     ids = torch.tensor(prompt, device=model.device)
@@ -238,8 +256,13 @@ def main() -> None:
         start, sinks = run_requests(generator, requests)
         end = max(sink.times[-1] for sink in sinks)
         ttft = sum(sink.times[0] - start for sink in sinks) / batch
-        itl = sum((s.times[-1] - s.times[0]) / (len(s.times) - 1) for s in sinks) / batch
-        row += [ttft * 1e3, itl * 1e3, batch * args.output_len / (end - start)]
+        row += [ttft * 1e3, inter_token(sinks), batch * args.output_len / (end - start)]
+        sampled = [
+            GenerationRequest([p], args.output_len, end_id=NEVER_STOP, streaming=True, sampling=SAMPLED)
+            for p in prompts
+        ]
+        run_requests(generator, sampled)  # warm-up: captures the sampling graphs
+        row.append(inter_token(run_requests(generator, sampled)[1]))
     generator.close()
     print(f"CUDA graphs captured: {len(model._graphs)} decode, {len(model._prefill_graphs)} prefill")
 
@@ -248,6 +271,7 @@ def main() -> None:
         "loop = Generator (streaming, host work and sends included)"
     )
     header = ["batch", "prefill ms", "model ms/step", "model tok/s", "loop TTFT ms", "loop ITL ms", "loop tok/s"]
+    header.append("sampled ITL ms")
     print(" | ".join(f"{h:>13}" for h in header))
     for row in rows:
         print(" | ".join(f"{row[0]:>13d}" if i == 0 else f"{value:>13.2f}" for i, value in enumerate(row)))

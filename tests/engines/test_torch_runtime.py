@@ -18,6 +18,7 @@ from trtdeploy.engines.torch.runtime import (  # noqa: E402
     Generator,
     GeneratorConfig,
     SamplingParams,
+    SamplingPlan,
     SlotSampler,
     load_generator,
     output_arrays,
@@ -195,6 +196,44 @@ def test_sampler_respects_top_k_and_top_p():
     assert len(seen[2]) > 10  # plain temperature sampling reaches far
     top4 = torch.softmax(logits[3, order[3, :4]], 0)
     assert seen[3] <= set(order[3, : int((top4.cumsum(0) - top4 < 0.3).sum())].tolist())
+
+
+def test_decode_sampling_matches_per_slot_sampling_and_replays_one_capture_per_plan():
+    vocab = 300
+    logits = torch.randn(4, vocab, generator=torch.Generator().manual_seed(1))
+    counters = torch.tensor([5, 9, 2, 7])
+    params = [
+        SamplingParams(temperature=0.8, top_k=50, top_p=0.95, seed=11),
+        SamplingParams(temperature=0.0),
+        SamplingParams(top_k=3, seed=12),
+        SamplingParams(top_k=20, repetition_penalty=1.3, seed=13),
+    ]
+    captures = []
+
+    def capture(forward):  # what the model's CUDA graph capture promises: replay() recomputes into one output
+        output = forward()
+        captures.append(forward)
+
+        class Replay:
+            def replay(self):
+                output.copy_(forward())
+
+        return Replay(), output
+
+    cpu = torch.device("cpu")
+    reference, decoding = SlotSampler(4, vocab, cpu), SlotSampler(4, vocab, cpu, capture)
+    for sampler in (reference, decoding):
+        sampler.assign([0, 1, 2, 3], params, [[1, 2]] * 4)
+    for _ in range(3):
+        expected = reference.sample(logits, [0, 1, 2, 3], counters)
+        assert decoding.sample_decode(logits, counters).tolist() == expected.tolist()
+        counters += 1  # in place, like the model's positions buffer the graph reads
+    assert len(captures) == 1
+    assert torch.equal(reference.seen, decoding.seen)  # the penalty's record of seen tokens is kept alike
+    assert SamplingPlan.of(params, vocab) == SamplingPlan(penalised=True, draws=True, width=64, nucleus=True)
+    decoding.release(3)
+    decoding.sample_decode(logits, counters)
+    assert len(captures) == 2  # a new plan (no penalty any more) is a new capture
 
 
 def test_uniform_noise_is_a_pure_function_and_well_spread():

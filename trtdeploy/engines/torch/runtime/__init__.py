@@ -21,7 +21,7 @@ from .generator import (
     output_arrays,
 )
 from .model import DecoderModel
-from .sampling import SamplingParams, SlotSampler, uniform_noise
+from .sampling import SamplingParams, SamplingPlan, SlotSampler, uniform_noise
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -34,6 +34,7 @@ __all__ = [
     "GeneratorConfig",
     "ResponseSink",
     "SamplingParams",
+    "SamplingPlan",
     "SlotSampler",
     "load_generator",
     "output_arrays",

@@ -118,7 +118,9 @@ class Generator:
     def __init__(self, model: DecoderModel, config: GeneratorConfig):
         self.model = model
         self.config = config
-        self.sampler = SlotSampler(model.max_slots, model.vocab_size, model.device)
+        self.sampler = SlotSampler(
+            model.max_slots, model.vocab_size, model.device, capture=model.capture if model.use_graphs else None
+        )
         self.pad_id = config.pad_id
         #: Decode steps run, and the most sequences one step carried (for tests and stats).
         self.steps = 0
@@ -279,7 +281,7 @@ class Generator:
         batch, span = self.model.buckets(top, span)
         try:
             logits = self.model.decode(batch, span)
-            chosen = self.sampler.sample(logits, list(range(batch)), self.model.positions[:batch])
+            chosen = self.sampler.sample_decode(logits, self.model.positions[:batch])
             self.model.advance(batch, chosen)
             tokens = chosen.tolist()
         except Exception as exc:
@@ -319,7 +321,7 @@ class Generator:
         if slot is not None and self._running.get(slot) is sequence:
             del self._running[slot]
             heapq.heappush(self._free, slot)
-            self.sampler.params[slot] = SamplingParams()
+            self.sampler.release(slot)
             self._freed.append(slot)
         sequence.slot = None
 

@@ -244,11 +244,11 @@ class DecoderModel:
                 torch.full((rows,), self.max_slots, dtype=torch.long, device=self.device),  # warm-up: scratch only
                 torch.zeros(rows, dtype=torch.long, device=self.device),
             )
-            graph, logits = self._capture(lambda: self._prefill_forward(*inputs))
+            graph, logits = self.capture(lambda: self._prefill_forward(*inputs))
             entry = self._prefill_graphs[(rows, length)] = (graph, inputs, logits)
         return entry
 
-    def _capture(self, forward):
+    def capture(self, forward):
         """Capture ``forward`` as a CUDA graph (after warm-up runs on a side stream); returns (graph, its output)."""
         stream = torch.cuda.Stream(device=self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -314,7 +314,7 @@ class DecoderModel:
         graph = self._graphs.get((batch, span))
         if graph is None:
             # Warm-up runs compute exactly the step about to be replayed, so their K/V writes are harmless.
-            graph, _ = self._capture(lambda: self._decode_forward(batch, span))
+            graph, _ = self.capture(lambda: self._decode_forward(batch, span))
             self._graphs[(batch, span)] = graph
         return graph
 

@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from trtdeploy import gpus
 from trtdeploy.errors import UsageError
+
+from .conftest import run_cli
 
 
 def test_profiles_and_counts():
@@ -49,3 +53,26 @@ def test_auto_detection_reads_nvidia_smi(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     selection = gpus.resolve("auto")
     assert (selection.label, selection.count, selection.profile.memory_gib) == ("L40", 2, 45)
+
+
+def test_precisions_follow_compute_capability():
+    assert gpus.PROFILES["A100-80GB"].unsupported_reason("fp8") == (
+        "fp8 needs compute capability 8.9+ and the A100-80GB is SM80"
+    )
+    assert gpus.PROFILES["L4"].unsupported_reason("fp8") is None
+    assert "int4_awq" in gpus.PROFILES["A10"].precisions and "fp8" not in gpus.PROFILES["A10"].precisions
+
+
+def test_defaults_grow_with_memory():
+    small, large = gpus.PROFILES["L4"].defaults, gpus.PROFILES["H200"].defaults
+    assert small.max_batch_size < large.max_batch_size
+    assert small.kv_cache_free_gpu_mem_fraction <= large.kv_cache_free_gpu_mem_fraction <= 0.9
+
+
+def test_gpus_command_lists_every_profile():
+    result = run_cli("gpus", "--json")
+    assert result.returncode == 0, result.stderr
+    names = [p["name"] for p in json.loads(result.stdout)["profiles"]]
+    assert {"L4", "L20", "A10", "A10G", "A100-40GB", "A100-80GB", "H100", "H200", "RTX4090", "RTX5090", "B200"} <= set(
+        names
+    )

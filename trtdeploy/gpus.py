@@ -9,6 +9,40 @@ from dataclasses import dataclass
 
 from .errors import UsageError
 
+#: Every precision a build can ask for, and the compute capability each needs (TRT-LLM's support matrix: FP8,
+#: and INT4 AWQ with FP8 activations, need Ada/Hopper SM89+; BF16 and the integer formats need Ampere SM80+).
+PRECISION_MIN_SM: dict[str, tuple[int, int]] = {
+    "fp32": (7, 0),
+    "fp16": (7, 0),
+    "bf16": (8, 0),
+    "fp8": (8, 9),
+    "int8_wo": (8, 0),
+    "int4_wo": (8, 0),
+    "int4_awq": (8, 0),
+    "int8_sq": (8, 0),
+}
+
+
+@dataclass(frozen=True)
+class GpuDefaults:
+    """Build and runtime settings that fit a GPU's memory, used where the user gives none."""
+
+    max_batch_size: int
+    #: Share of the memory left after the weights that TRT-LLM may take for its paged KV cache.
+    kv_cache_free_gpu_mem_fraction: float
+    #: Tokens one engine step may process (prefill chunks included): bounds the activation memory.
+    max_num_tokens: int
+
+    @classmethod
+    def for_memory(cls, memory_gib: int) -> GpuDefaults:
+        if memory_gib <= 24:
+            return cls(16, 0.8, 8192)
+        if memory_gib <= 48:
+            return cls(32, 0.85, 8192)
+        if memory_gib <= 96:
+            return cls(64, 0.9, 16384)
+        return cls(128, 0.9, 16384)
+
 
 @dataclass(frozen=True)
 class GpuProfile:
@@ -20,11 +54,35 @@ class GpuProfile:
 
     @property
     def supports_fp8(self) -> bool:
-        return self.compute_capability >= (8, 9)
+        return self.supports("fp8")
 
     @property
     def supports_bf16(self) -> bool:
-        return self.compute_capability >= (8, 0)
+        return self.supports("bf16")
+
+    @property
+    def sm(self) -> str:
+        """``SM89``-style architecture name."""
+        return f"SM{self.compute_capability[0]}{self.compute_capability[1]}"
+
+    @property
+    def precisions(self) -> tuple[str, ...]:
+        return tuple(name for name in PRECISION_MIN_SM if self.supports(name))
+
+    @property
+    def defaults(self) -> GpuDefaults:
+        return GpuDefaults.for_memory(self.memory_gib)
+
+    def supports(self, precision: str) -> bool:
+        needed = PRECISION_MIN_SM.get(precision)
+        return needed is not None and self.compute_capability >= needed
+
+    def unsupported_reason(self, precision: str) -> str | None:
+        """Why this GPU cannot run ``precision``, or None."""
+        if self.supports(precision) or precision not in PRECISION_MIN_SM:
+            return None
+        major, minor = PRECISION_MIN_SM[precision]
+        return f"{precision} needs compute capability {major}.{minor}+ and the {self.name} is {self.sm}"
 
 
 PROFILES: dict[str, GpuProfile] = {

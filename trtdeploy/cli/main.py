@@ -17,6 +17,7 @@ from ._output import err, warn
 #: (module, command name): each module under trtdeploy.cli defines a function of the same name as the module.
 COMMANDS = (
     ("plugins", "plugins"),
+    ("gpus", "gpus"),
     ("download", "download"),
     ("build", "build"),
     ("serve", "serve"),

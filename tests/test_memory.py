@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trtdeploy.memory import ModelShape, estimate
+
+QWEN2_72B = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "hidden_size": 8192,
+    "intermediate_size": 29568,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "vocab_size": 152064,
+    "tie_word_embeddings": False,
+}
+QWEN25_05B = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+}
+
+
+@pytest.mark.parametrize(("config", "billions"), [(QWEN2_72B, 72.7), (QWEN25_05B, 0.494)])
+def test_parameter_counts_match_the_published_sizes(config, billions):
+    assert ModelShape.from_config(config).params / 1e9 == pytest.approx(billions, rel=0.01)
+
+
+def test_a_72b_model_needs_several_gpus_in_16_bits_and_fits_eight_in_fp8():
+    shape = ModelShape.from_config(QWEN2_72B)
+    point = {"max_batch_size": 16, "max_seq_len": 3072, "max_num_tokens": 16384, "memory_gib": 80}
+    assert not estimate(shape, precision="fp16", **point).fits
+    eight = estimate(shape, precision="fp8", tp=4, pp=2, **point)
+    assert eight.fits and 8 < eight.weights < 10  # the 16-bit embedding and LM head are split by TP only
+    # the KV cache: 80 layers x 8 KV heads x 128 x K and V in fp8, split over 4 x 2 GPUs
+    assert eight.kv_cache == pytest.approx(16 * 3072 * 2 * 40 * 2 * 128 / 2**30)
+
+
+def test_read_returns_none_without_a_config(tmp_path):
+    assert ModelShape.read(tmp_path) is None
+    (tmp_path / "config.json").write_text(json.dumps(QWEN25_05B))
+    assert ModelShape.read(tmp_path).num_kv_heads == 2

@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from .download import Checkpoint, download, local_checkpoint
 from .engines.base import BuildStep, Engine
 from .errors import BuildError, UsageError
 from .fsutil import scratch_beside
+from .memory import WEIGHT_BYTES, MemoryEstimate, ModelShape, estimate
 from .repo import TemplateSource, render_repository, template_models
 from .server._process import process_alive
 from .spec import MODES, BuildContext, BuildPoint, Mode, ModelSpec
@@ -40,7 +41,8 @@ class BuildRequest:
     engine: str = "auto"
     gpu: str | None = None
     precision: str | None = None
-    max_batch_size: int = 8
+    #: None: the GPU profile's default (8 on the CPU).
+    max_batch_size: int | None = None
     mode: Mode = "streaming"
     max_input_len: int | None = None
     max_output_len: int | None = None
@@ -48,6 +50,14 @@ class BuildRequest:
     revision: str | None = None
     output_root: Path = Path("deployments")
     options: dict[str, str] = field(default_factory=dict)
+    tp: int = 1
+    pp: int = 1
+    #: None: the GPU profile's default.
+    max_num_tokens: int | None = None
+    #: The TensorRT-LLM version to plan for (``--trtllm-version``); None: the installed one.
+    engine_version: str | None = None
+    #: Suffix of the deployment folder (see BuildPoint.variant).
+    variant: str = ""
 
 
 @dataclass
@@ -63,6 +73,9 @@ class Plan:
     revision: str | None
     steps: list[BuildStep]
     templates: list[TemplateSource]
+    notes: list[str] = field(default_factory=list)
+    #: What was asked for (set by :func:`plan`).
+    request: BuildRequest | None = None
 
     @property
     def deployment_dir(self) -> Path:
@@ -96,6 +109,7 @@ class Plan:
             "triton_models": self.triton_models,
             "files": ["manifest.json", "checkpoint/", "engines/", "logs/"] + self.repository_files(),
             "entry_model": self.spec.entry_model(self.point.mode),
+            "notes": self.notes,
         }
 
 
@@ -106,21 +120,30 @@ class BuildResult:
     up_to_date: bool
 
 
-def plan(request: BuildRequest) -> Plan:
-    """Resolve a request into a plan; every invalid input is rejected here, before anything runs."""
+def plan(request: BuildRequest, *, dry_run: bool = False) -> Plan:
+    """Resolve a request into a plan; every invalid input is rejected here, before anything runs.
+
+    A dry run plans for any machine: the engine need not be installed here.
+    """
     spec = plugins.get_model(request.model)
     engine = plugins.get_engine(request.engine)
     reason = engine.unavailable_reason()
-    if reason:
-        raise UsageError(f"engine {engine.name!r} is not usable here: {reason}")
+    if reason and not dry_run:
+        raise UsageError(f"engine {engine.name!r} is not usable here: {reason}", hint="--dry-run shows its plan")
     if request.mode not in spec.modes:
         raise UsageError(f"model {spec.name!r} has no {request.mode!r} mode", hint=f"modes: {', '.join(spec.modes)}")
     if request.mode not in MODES:
         raise UsageError(f"unknown mode {request.mode!r}", hint=f"modes: {', '.join(MODES)}")
-    if request.max_batch_size < 1:
-        raise UsageError(f"--max-batch-size must be >= 1, got {request.max_batch_size}")
     selection = gpus.resolve(request.gpu)
-    device = "cpu" if selection.profile is None else "cuda"
+    profile = selection.profile
+    defaults = profile.defaults if profile else None
+    max_batch_size = request.max_batch_size
+    if max_batch_size is None:
+        max_batch_size = defaults.max_batch_size if defaults else 8
+    for flag, value in (("--max-batch-size", max_batch_size), ("--tp", request.tp), ("--pp", request.pp)):
+        if value < 1:
+            raise UsageError(f"{flag} must be >= 1, got {value}")
+    device = "cpu" if profile is None else "cuda"
     precision = request.precision or engine.default_precision(device)
     if precision not in engine.precisions:
         raise UsageError(
@@ -138,13 +161,19 @@ def plan(request: BuildRequest) -> Plan:
         model=spec.name,
         engine=engine.name,
         precision=precision,
-        max_batch_size=request.max_batch_size,
+        max_batch_size=max_batch_size,
         mode=request.mode,
         gpu=selection.label,
         max_input_len=max_input_len,
         max_output_len=max_output_len,
+        tp=request.tp,
+        pp=request.pp,
         options=tuple(sorted(options.items())),
+        max_num_tokens=request.max_num_tokens or (defaults.max_num_tokens if defaults else None),
+        engine_version=engine.resolve_version(request.engine_version, dry_run=dry_run),
+        variant=request.variant,
     )
+    _check_gpus(point, selection, dry_run)
     source = local_checkpoint(request.model_dir) if request.model_dir else None
     if source is not None:
         spec.validate_checkpoint(source.path)
@@ -161,18 +190,79 @@ def plan(request: BuildRequest) -> Plan:
         model_repo_dir=deployment_dir / "model_repo",
         options=options,
         llm_streams=spec.llm_streams,
+        encoder_decoder=spec.encoder_decoder,
+        gpu_profile=profile,
+        gpu_count=selection.count,
     )
-    if source is not None:
-        engine.validate(context)
-    return _assemble(spec, engine, context, source, request.revision)
+    engine.validate(context)  # before a download only what is known: the checkpoint's config is checked after it
+    built = _assemble(spec, engine, context, source, request.revision)
+    built.request = request
+    return built
+
+
+def _check_gpus(point: BuildPoint, selection: gpus.GpuSelection, dry_run: bool) -> None:
+    """Reject a point the target GPUs cannot run: precision, GPU count."""
+    profile = selection.profile
+    if profile is None:
+        if point.world_size > 1:
+            raise UsageError(f"tp{point.tp}pp{point.pp} needs {point.world_size} GPUs and the build targets the CPU")
+        return
+    reason = profile.unsupported_reason(point.precision)
+    if reason:
+        raise UsageError(reason, hint=f"precisions on the {profile.name}: {', '.join(profile.precisions)}")
+    count = selection.count
+    if count is None and not dry_run:
+        detected = gpus.detect()
+        count = detected.count if detected and detected.profile == profile else None
+    if count is not None and point.world_size > count:
+        raise UsageError(
+            f"tp{point.tp}pp{point.pp} needs {point.world_size} GPUs and {count} {profile.name} are available",
+            hint=f"lower --tp/--pp, or name the count with --gpu {profile.name}:{point.world_size}",
+        )
+
+
+def memory_estimate(context: BuildContext) -> MemoryEstimate | None:
+    """The point's memory per GPU, when its GPU and the checkpoint's config.json are known."""
+    point, profile = context.point, context.gpu_profile
+    shape = ModelShape.read(context.llm_dir) if profile else None
+    if shape is None or profile is None or point.precision not in WEIGHT_BYTES:
+        return None
+    return estimate(
+        shape,
+        precision=point.precision,
+        max_batch_size=point.max_batch_size,
+        max_seq_len=point.max_seq_len,
+        max_num_tokens=point.max_num_tokens or 8192,
+        memory_gib=profile.memory_gib,
+        tp=point.tp,
+        pp=point.pp,
+    )
+
+
+def _memory_notes(context: BuildContext) -> list[str]:
+    """Reject a point whose weights and full KV cache cannot fit its GPUs; else say how it fits."""
+    if context.gpu_profile is None:
+        return []
+    found = memory_estimate(context)
+    if found is None:
+        return [f"memory fit not checked: no readable {context.llm_dir / 'config.json'} yet (checked after download)"]
+    point = context.point
+    if not found.fits:
+        raise UsageError(
+            f"{point.name} does not fit a {context.gpu_profile.name}: {found.describe()}",
+            hint="lower --max-batch-size or the lengths, pick a smaller precision, or raise --tp/--pp",
+        )
+    return [f"memory: {found.describe()}, for {point.max_batch_size} sequences of {point.max_seq_len} tokens"]
 
 
 def _assemble(
     spec: ModelSpec, engine: Engine, context: BuildContext, source: Checkpoint | None, revision: str | None
 ) -> Plan:
+    context = replace(context, llm_input_names=engine.input_names(context))
+    notes = _memory_notes(context)
     variables = {"ctx": context, "engine": engine.template_context(context), "model": spec.template_context(context)}
     templates = [
-        TemplateSource(engine.templates_dir, (LLM_TEMPLATE,), variables),
+        TemplateSource(engine.llm_templates(context), (LLM_TEMPLATE,), variables),
         TemplateSource(spec.templates_dir, _model_templates(spec, context.point.mode), variables),
     ]
     return Plan(
@@ -185,6 +275,7 @@ def _assemble(
         revision=revision,
         steps=engine.steps(context),
         templates=templates,
+        notes=notes + spec.notes(context) + engine.notes(context),
     )
 
 
@@ -254,12 +345,13 @@ def run(request: BuildRequest, *, force: bool = False, on_step: Callable[[str], 
     if not force and _is_up_to_date(final, digest):
         return BuildResult(Deployment.load(final), up_to_date=True)
     _remove_stale_scratch(final)
+    reusable = _reusable_engines(final, engine_key(built))
     scratch = scratch_beside(
         final, prefix=f".{final.name}.building-{os.getpid()}-", error=UsageError, hint="pass a writable --output-dir"
     )
     manifest = _manifest(built, digest)
     try:
-        _execute(built, scratch, manifest, on_step)
+        _execute(built, scratch, manifest, on_step, reusable)
     except BaseException as exc:
         manifest["status"] = "failed"
         manifest["error"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc)
@@ -275,10 +367,38 @@ def run(request: BuildRequest, *, force: bool = False, on_step: Callable[[str], 
 
 
 def _relocate(context: BuildContext, spec: ModelSpec, checkpoint: Path) -> BuildContext:
-    from dataclasses import replace
-
     llm_dir = checkpoint / spec.llm_subfolder if spec.llm_subfolder else checkpoint
     return replace(context, checkpoint_dir=checkpoint, llm_dir=llm_dir)
+
+
+def engine_key(built: Plan) -> str | None:
+    """Hash of what the engine steps depend on: their commands, the checkpoint, the toolkit version and the GPU.
+
+    A deployment whose key matches keeps its engines when anything else changes (templates, runtime settings).
+    """
+    if not built.steps or built.source is None:
+        return None
+    inputs = {
+        "steps": [[step.name, list(step.argv), step.env] for step in built.steps],
+        "checkpoint": built.source.identity(),
+        "engine_version": built.point.engine_version,
+        "gpu": built.point.gpu,
+    }
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _reusable_engines(final: Path, key: str | None) -> Path | None:
+    """The engines folder of the complete deployment at ``final`` when it was built from the same engine inputs."""
+    if key is None:
+        return None
+    try:
+        manifest = json.loads((final / MANIFEST).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    engines = final / "engines"
+    if manifest.get("status") == COMPLETE and manifest.get("engine_key") == key and engines.is_dir():
+        return engines
+    return None
 
 
 def _is_up_to_date(final: Path, digest: str) -> bool:
@@ -311,6 +431,7 @@ def _manifest(built: Plan, digest: str) -> dict[str, Any]:
         "llm_model_name": built.context.llm_model_name,
         "triton_models": built.triton_models,
         "versions": _versions(built),
+        "engine_key": engine_key(built),
         "steps": [],
     }
 
@@ -321,18 +442,31 @@ def _write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
     tmp.replace(folder / MANIFEST)
 
 
-def _execute(built: Plan, scratch: Path, manifest: dict[str, Any], on_step: Callable[[str], None]) -> None:
+def _execute(
+    built: Plan, scratch: Path, manifest: dict[str, Any], on_step: Callable[[str], None], reusable: Path | None
+) -> None:
     started = time.monotonic()
     logs = scratch / "logs"
     logs.mkdir()
-    (scratch / "engines").mkdir()
     (scratch / "checkpoint").symlink_to(built.context.checkpoint_dir, target_is_directory=True)
+    if reusable is not None:
+        on_step("reuse the engines of the previous build (same commands, checkpoint, toolkit and GPU)")
+        shutil.copytree(reusable, scratch / "engines", copy_function=os.link)  # hard links: no copy of the data
+        manifest["steps"] = [{"name": step.name, "reused": True, "returncode": 0} for step in built.steps]
+    else:
+        (scratch / "engines").mkdir()
     _write_manifest(scratch, manifest)
-    for step in built.steps:
+    for step in built.steps if reusable is None else ():
         on_step(step.description or step.name)
         record = _run_step(step, logs / f"{step.name}.log", cwd=scratch)
         manifest["steps"].append(record)
         _write_manifest(scratch, manifest)
+        if record.get("missing"):
+            raise BuildError(
+                f"build step {step.name!r} needs {record['missing'][0]}, which does not exist",
+                hint="build inside the serving image (see the Dockerfile) or point TRTDEPLOY_TRTLLM_EXAMPLES at the "
+                "examples/ folder of the same TensorRT-LLM release",
+            )
         if record["returncode"] != 0:
             tail = _tail(logs / f"{step.name}.log")
             raise BuildError(f"build step {step.name!r} failed (exit code {record['returncode']})", details=tail)
@@ -356,8 +490,13 @@ def _execute(built: Plan, scratch: Path, manifest: dict[str, Any], on_step: Call
 def _run_step(step: BuildStep, log: Path, *, cwd: Path) -> dict[str, Any]:
     started = time.monotonic()
     record: dict[str, Any] = {"name": step.name, "command": list(step.argv) or None, "log": f"logs/{log.name}"}
+    missing = [path for path in step.requires if not Path(path).exists()]
     with log.open("w") as handle:
-        if step.argv:
+        if missing:
+            handle.write(f"missing: {', '.join(missing)}\n")
+            record["returncode"] = 127
+            record["missing"] = missing
+        elif step.argv:
             env = {**os.environ, **step.env}
             completed = subprocess.run(step.argv, cwd=cwd, env=env, stdout=handle, stderr=subprocess.STDOUT)
             record["returncode"] = completed.returncode

@@ -13,6 +13,7 @@ from .errors import UsageError
 
 if TYPE_CHECKING:
     from .deployment import Deployment
+    from .gpus import GpuProfile
     from .perf.workload import Workload
 
 Mode = Literal["offline", "streaming"]
@@ -34,11 +35,18 @@ class BuildPoint:
     tp: int = 1
     pp: int = 1
     options: tuple[tuple[str, Any], ...] = ()
+    #: Tokens one engine step may process (None: the engine's own default).
+    max_num_tokens: int | None = None
+    #: The version of the engine's toolkit the build targets (TensorRT-LLM's for the trtllm engines), if any.
+    engine_version: str | None = None
+    #: Appended to the folder name where points differ by more than the name says (a matrix over lengths).
+    variant: str = ""
 
     @property
     def name(self) -> str:
         """The deployment folder's name, e.g. ``torch-bf16-bs8-tp1pp1-streaming``."""
-        return f"{self.engine}-{self.precision}-bs{self.max_batch_size}-tp{self.tp}pp{self.pp}-{self.mode}"
+        name = f"{self.engine}-{self.precision}-bs{self.max_batch_size}-tp{self.tp}pp{self.pp}-{self.mode}"
+        return f"{name}-{self.variant}" if self.variant else name
 
     @property
     def world_size(self) -> int:
@@ -75,6 +83,17 @@ class BuildContext:
     options: dict[str, Any] = field(default_factory=dict)
     #: The model's :attr:`ModelSpec.llm_streams`.
     llm_streams: bool = True
+    #: The model's :attr:`ModelSpec.encoder_decoder`.
+    encoder_decoder: bool = False
+    #: The GPU the build targets (None on the CPU) and how many of them the host has (None: not known).
+    gpu_profile: GpuProfile | None = None
+    gpu_count: int | None = None
+    #: LLM-contract input names the engine spells differently (TRT-LLM 0.20+ reads ``seed`` for ``random_seed``).
+    llm_input_names: dict[str, str] = field(default_factory=dict)
+
+    def llm_input(self, name: str) -> str:
+        """The LLM model's name for the contract input ``name``."""
+        return self.llm_input_names.get(name, name)
 
     @property
     def decoupled(self) -> bool:
@@ -125,6 +144,8 @@ class ModelSpec(ABC):
     #: ask the LLM for their answer in segments, each a non-decoupled request whose prompt holds what was said so
     #: far, so the LLM is never decoupled and takes prompts up to max_seq_len tokens.
     llm_streams: ClassVar[bool] = True
+    #: Whether the LLM is an encoder-decoder (Whisper): its engines get an encoder and a cross-attention KV cache.
+    encoder_decoder: ClassVar[bool] = False
 
     def parse_options(self, raw: dict[str, str]) -> dict[str, Any]:
         """Turn ``-o key=value`` strings into typed option values, rejecting unknown keys."""
@@ -166,6 +187,10 @@ class ModelSpec(ABC):
     def template_context(self, ctx: BuildContext) -> dict[str, Any]:
         """Extra variables for this model's templates (under the name ``model``)."""
         return {}
+
+    def notes(self, ctx: BuildContext) -> list[str]:
+        """Lines for the plan: where this deployment departs from the model's official recipe, and why."""
+        return []
 
     @abstractmethod
     def workload(self, deployment: Deployment) -> Workload:

@@ -10,8 +10,10 @@ import typer
 from rich.table import Table
 
 from .. import build as builder
-from ._options import JsonOpt, ModelArg, parse_key_values
-from ._output import emit_json, err, out
+from ..errors import UsageError
+from ..matrix import Matrix, parse_lengths, plan_all
+from ._options import JsonOpt, ModelArg, parse_int_list, parse_key_values
+from ._output import emit_json, err, out, warn
 
 
 def build(
@@ -25,13 +27,29 @@ def build(
         ),
     ] = "auto",
     gpu: Annotated[
-        str | None, typer.Option(help="Target GPU profile (L4, H100, ... with optional :COUNT), auto or cpu.")
+        str | None,
+        typer.Option(help="Target GPU profile (`trtdeploy gpus`) with optional :COUNT (H100:8), auto or cpu."),
     ] = None,
-    precision: Annotated[str | None, typer.Option(help="Weights precision (default: the engine's best).")] = None,
-    max_batch_size: Annotated[int, typer.Option(help="Requests served together.")] = 8,
+    precision: Annotated[
+        str | None, typer.Option(help="Weights precision(s), comma-separated (default: the engine's best).")
+    ] = None,
+    max_batch_size: Annotated[
+        str | None, typer.Option(help="Requests served together, comma-separated (default: the GPU profile's).")
+    ] = None,
+    tp: Annotated[str, typer.Option("--tp", help="Tensor-parallel size(s), comma-separated.")] = "1",
+    pp: Annotated[str, typer.Option("--pp", help="Pipeline-parallel size(s), comma-separated.")] = "1",
+    isl_osl: Annotated[
+        str | None, typer.Option("--isl-osl", help="INPUT:OUTPUT token limits, comma-separated (2048:1024,...).")
+    ] = None,
     mode: Annotated[str, typer.Option(help="offline or streaming (decoupled).")] = "streaming",
     max_input_len: Annotated[int | None, typer.Option(help="Longest prompt in tokens.")] = None,
     max_output_len: Annotated[int | None, typer.Option(help="Most tokens generated per request.")] = None,
+    max_num_tokens: Annotated[
+        int | None, typer.Option(help="Tokens one engine step may process (default: the GPU profile's).")
+    ] = None,
+    trtllm_version: Annotated[
+        str | None, typer.Option(help="TensorRT-LLM release to plan for (default: the installed one).")
+    ] = None,
     model_dir: Annotated[
         Path | None, typer.Option(help="Use this local checkpoint folder instead of downloading.")
     ] = None,
@@ -40,50 +58,93 @@ def build(
     option: Annotated[
         list[str] | None, typer.Option("--option", "-o", help="Model setting KEY=VALUE (repeatable).")
     ] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; touch nothing.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan of every point; touch nothing.")] = False,
+    skip_invalid: Annotated[
+        bool, typer.Option("--skip-invalid", help="Build the valid points of a matrix and list the others.")
+    ] = False,
     force: Annotated[bool, typer.Option("--force", help="Rebuild even when the deployment is up to date.")] = False,
     json: JsonOpt = False,
 ) -> None:
-    """Build a deployment of MODEL: one folder with its checkpoint, engines, Triton model repository and manifest."""
-    request = builder.BuildRequest(
+    """Build deployments of MODEL, one per matrix point: checkpoint, engines, Triton model repository, manifest."""
+    if isl_osl and (max_input_len or max_output_len):
+        raise UsageError("--isl-osl sets the lengths of every point", hint="drop --max-input-len/--max-output-len")
+    base = builder.BuildRequest(
         model=model,
         engine=engine,
         gpu=gpu,
-        precision=precision,
-        max_batch_size=max_batch_size,
         mode=mode,  # type: ignore[arg-type]
         max_input_len=max_input_len,
         max_output_len=max_output_len,
+        max_num_tokens=max_num_tokens,
+        engine_version=trtllm_version,
         model_dir=model_dir,
         revision=revision,
         output_root=output_dir,
         options=parse_key_values(option or [], name="--option"),
     )
+    grid = Matrix(
+        precisions=tuple(precision.split(",")) if precision else (None,),
+        max_batch_sizes=tuple(parse_int_list(max_batch_size, name="--max-batch-size")) if max_batch_size else (None,),
+        tps=tuple(parse_int_list(tp, name="--tp")),
+        pps=tuple(parse_int_list(pp, name="--pp")),
+        lengths=parse_lengths(isl_osl) if isl_osl else ((None, None),),
+    )
+    requests = grid.points(base)
+    plans, rejected = plan_all(requests, dry_run=dry_run)
+    if rejected and len(requests) == 1:
+        builder.plan(requests[0], dry_run=dry_run)  # raises the point's own error, hint included
+    if rejected and not skip_invalid:
+        raise UsageError(
+            f"{len(rejected)} of {len(requests)} matrix points cannot be built (nothing was built)",
+            hint="fix or drop them, or pass --skip-invalid to build the rest",
+            details="\n".join(f"  {r.label}: {r.reason}" for r in rejected),
+        )
+    for item in rejected:
+        warn(f"skipped {item.label}: {item.reason}")
     if dry_run:
-        described = builder.plan(request).describe()
+        described = [found.describe() for found in plans]
         if json:
-            emit_json({"dry_run": True, **described})
+            extra = {"rejected": [{"point": r.label, "reason": r.reason} for r in rejected]} if rejected else {}
+            emit_json(
+                {"dry_run": True, **described[0]}
+                if len(requests) == 1
+                else {"dry_run": True, "points": described, **extra}
+            )
         else:
-            _print_plan(described)
+            for number, item in enumerate(described, 1):
+                if len(described) > 1:
+                    out.rule(f"point {number} of {len(described)}: {Path(item['deployment']).name}")
+                _print_plan(item)
         return
+    summaries = [_build_one(found, force, number, len(plans)) for number, found in enumerate(plans, 1)]
+    if json:
+        emit_json(summaries[0] if len(requests) == 1 else {"deployments": summaries})
+        return
+    for summary in summaries:
+        verb = "is up to date" if summary["up_to_date"] else f"built in {summary['seconds']} s"
+        out.print(f"[green]✓[/] {summary['deployment']} {verb}")
+        out.print(f"  models: {', '.join(summary['triton_models'])} (entry: {summary['entry_model']})")
+    out.print(f"  next:   trtdeploy serve {summaries[-1]['deployment']}")
+
+
+def _build_one(found: builder.Plan, force: bool, number: int, total: int) -> dict:
     started = time.monotonic()
-    with err.status("building ...") as status:
-        result = builder.run(request, force=force, on_step=lambda text: status.update(f"{text} ..."))
+    prefix = f"[{number}/{total}] {found.point.name}: " if total > 1 else ""
+    with err.status(f"{prefix}building ...") as status:
+        result = builder.run(_request_of(found), force=force, on_step=lambda text: status.update(f"{prefix}{text} ..."))
     deployment = result.deployment
-    summary = {
+    return {
         "deployment": str(deployment.path),
         "up_to_date": result.up_to_date,
         "entry_model": deployment.entry_model,
         "triton_models": deployment.models,
         "seconds": round(time.monotonic() - started, 2),
     }
-    if json:
-        emit_json(summary)
-        return
-    verb = "is up to date" if result.up_to_date else f"built in {summary['seconds']} s"
-    out.print(f"[green]✓[/] {deployment.path} {verb}")
-    out.print(f"  models: {', '.join(deployment.models)} (entry: {deployment.entry_model})")
-    out.print(f"  next:   trtdeploy serve {deployment.path}")
+
+
+def _request_of(found: builder.Plan) -> builder.BuildRequest:
+    assert found.request is not None
+    return found.request
 
 
 def _print_plan(plan: dict) -> None:
@@ -92,13 +153,17 @@ def _print_plan(plan: dict) -> None:
     table.add_row("deployment", plan["deployment"])
     table.add_row("checkpoint", plan["checkpoint"])
     for key, value in plan["point"].items():
-        if key != "model":
+        if key != "model" and value not in ("", None):
             table.add_row(key, str(value))
     out.print(table)
     out.print("[bold]steps[/]")
     for step in plan["steps"]:
         command = " ".join(step["command"]) if step["command"] else "(in-process)"
-        out.print(f"  {step['name']}: {command}")
+        out.print(f"  {step['name']}: {command}", markup=False)
     out.print(f"  render: model_repo/ (entry model: {plan['entry_model']})")
     for name in plan["files"]:
         out.print(f"    {name}")
+    if plan["notes"]:
+        out.print("[bold]notes[/]")
+        for note in plan["notes"]:
+            out.print(f"  - {note}", markup=False)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ..errors import UsageError
 from ..spec import BuildContext
 
 
@@ -25,6 +26,9 @@ class BuildStep:
     argv: tuple[str, ...] = ()
     run: Callable[[Path], None] | None = None  # called with the log file path
     env: dict[str, str] = field(default_factory=dict)
+    #: Files the step reads that do not come from an earlier step (a script of the toolkit's source tree): a
+    #: missing one fails the step with a message naming it, instead of a traceback in its log.
+    requires: tuple[str, ...] = ()
 
 
 class Engine(ABC):
@@ -53,6 +57,27 @@ class Engine(ABC):
 
     def steps(self, ctx: BuildContext) -> list[BuildStep]:
         """Convert/quantize/build steps; an engine that serves the checkpoint as it is returns none."""
+        return []
+
+    def resolve_version(self, requested: str | None, *, dry_run: bool) -> str | None:
+        """The toolkit version the plan targets: ``requested`` (``--trtllm-version``) or the installed one.
+
+        A dry run may plan for a version that is not installed; engines without versions return None.
+        """
+        if requested is not None:
+            raise UsageError(f"engine {self.name!r} has no toolkit version to choose", hint="drop --trtllm-version")
+        return None
+
+    def llm_templates(self, ctx: BuildContext) -> Path:
+        """The folder whose ``tensorrt_llm/`` model template this build renders (one per toolkit version)."""
+        return self.templates_dir
+
+    def input_names(self, ctx: BuildContext) -> dict[str, str]:
+        """LLM-contract inputs this engine's model names differently (contract name -> its name)."""
+        return {}
+
+    def notes(self, ctx: BuildContext) -> list[str]:
+        """Lines for the plan: each choice that departs from the toolkit's defaults and why, and what is uncertain."""
         return []
 
     @abstractmethod

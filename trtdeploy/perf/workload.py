@@ -39,7 +39,7 @@ SAMPLING_INPUTS = {
     "temperature": ("temperature",),
     "top_k": ("top_k", "runtime_top_k"),
     "top_p": ("top_p", "runtime_top_p"),
-    "seed": ("random_seed",),
+    "seed": ("random_seed", "seed"),  # TRT-LLM 0.20+ names the tensorrt_llm model's input seed
 }
 
 

@@ -153,6 +153,32 @@ class SparkTTS(ModelSpec):
         options["bls_instances"] = options["bls_instances"] or point.max_batch_size
         return options
 
+    def notes(self, ctx: BuildContext) -> list[str]:
+        """How this deployment departs from the official runtime/triton_trtllm recipe (run.sh and its configs)."""
+        options = self.template_context(ctx)
+        point = ctx.point
+        lines = [
+            f"output cap {options['max_new_tokens']} tokens ({options['max_new_tokens'] / TOKENS_PER_SECOND:g} s of "
+            "speech), settable per request: the official BLS asks for 512 tokens and cuts speech at about 10 s",
+            f"the LLM takes prompts of up to {ctx.llm_max_input_len} tokens, room for "
+            f"{options['max_reference_seconds']:g} s of reference audio: the official engine keeps trtllm-build's "
+            "default max_input_len 1024 (about 19 s of reference, less its text)",
+            f"{options['bls_instances']} spark_tts instances, one request each (official: 4 sharing threads)",
+        ]
+        if point.mode == "streaming":
+            lines.append(
+                "streaming asks the LLM for one chunk's tokens per non-decoupled call (the prompt plus what was said "
+                "so far) instead of reading a decoupled LLM stream: BLS stubs reading decoupled streams crash under "
+                "concurrency (triton-inference-server/server#8882); the same seed gives the same tokens either way"
+            )
+        if point.engine == "trtllm":
+            lines.append(
+                f"KV-cache pool of {point.max_batch_size * point.max_seq_len} tokens (max_batch_size x max_seq_len): "
+                "the official config caps it at 2560 tokens with kv_cache_free_gpu_mem_fraction 0.5, room for two "
+                "long requests at a time, whatever the batch size"
+            )
+        return lines
+
     def workload(self, deployment: Deployment) -> TTSWorkload:
         from trtdeploy.perf.tts import TTSWorkload
 

@@ -74,6 +74,7 @@ class TritonPythonModel:
         params = ModelParameters(args)
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
         self.llm_model = params.str("llm_model")
+        self.llm_seed_input = params.str("llm_seed_input")  # random_seed, or seed with TRT-LLM 0.20+
         self.max_input_len = params.int("max_input_len")
         self.max_output_len = params.int("max_output_len")
         self.max_reference_samples = int(params.float("max_reference_seconds") * SAMPLE_RATE)
@@ -222,7 +223,7 @@ class TritonPythonModel:
             _tensor("repetition_penalty", [job.repetition_penalty], np.float32),
         ]
         if job.seed is not None:
-            inputs.append(_tensor("random_seed", [job.seed], np.uint64))
+            inputs.append(_tensor(self.llm_seed_input, [job.seed], np.uint64))
         response = _call(self.llm_model, inputs, ["output_ids", "sequence_length"])
         ids = pb_utils.get_output_tensor_by_name(response, "output_ids").as_numpy()
         lengths = pb_utils.get_output_tensor_by_name(response, "sequence_length")

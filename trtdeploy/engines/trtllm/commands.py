@@ -1,0 +1,155 @@
+"""The commands a TensorRT-LLM expert runs by hand for one build point, for the release the plan targets.
+
+``convert_checkpoint.py`` (16-bit, weight-only) or ModelOpt's ``quantize.py`` (fp8, int4_awq, int8_sq) writes a
+TRT-LLM checkpoint sharded for TP x PP; ``trtllm-build`` turns it into one engine per rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...errors import UsageError
+from ...memory import ModelShape
+from ...spec import BuildContext
+from ..base import BuildStep
+from .versions import TrtllmVersion
+
+#: Where the ``examples/`` folder of the matching TensorRT-LLM release is: where NVIDIA's TensorRT-LLM images keep
+#: it, and where our Dockerfile puts it in the Triton image; ``TRTDEPLOY_TRTLLM_EXAMPLES`` overrides it.
+DEFAULT_EXAMPLES = "/app/tensorrt_llm/examples"
+#: Hugging Face architecture -> the examples folder of its converter.
+FAMILIES = {"Qwen2ForCausalLM": "qwen", "LlamaForCausalLM": "llama", "MistralForCausalLM": "llama"}
+#: Precisions written by ModelOpt's quantize.py (``--qformat``), the rest by convert_checkpoint.py.
+QFORMATS = {"fp8": "fp8", "int4_awq": "int4_awq", "int8_sq": "int8_sq"}
+WEIGHT_ONLY = {"int8_wo": "int8", "int4_wo": "int4"}
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+CALIBRATION_SAMPLES = 512
+AWQ_BLOCK_SIZE = 128
+#: Scratch folder of the TRT-LLM checkpoint inside the deployment being built (removed once the engines exist).
+CHECKPOINT = "trtllm_checkpoint"
+ENGINES = "engines"
+
+
+def examples_dir() -> str:
+    return os.environ.get("TRTDEPLOY_TRTLLM_EXAMPLES", DEFAULT_EXAMPLES)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What one build point needs from TensorRT-LLM, derived once and shared by the steps, config and notes."""
+
+    version: TrtllmVersion
+    family: str
+    dtype: str  # activation dtype given to the converter
+    kv_cache_dtype: str | None  # None: the activation dtype
+    load_on_cpu: bool
+
+    @classmethod
+    def of(cls, ctx: BuildContext) -> Recipe:
+        point = ctx.point
+        assert point.engine_version is not None
+        config = _read_config(ctx.llm_dir)
+        architectures = (config or {}).get("architectures") or []
+        family = FAMILIES.get(architectures[0]) if architectures else "qwen"  # unknown before the download
+        if family is None:
+            raise UsageError(
+                f"the trtllm engine has no converter for {architectures[0]} (supported: {', '.join(FAMILIES)})",
+                hint="use --engine trtllm_pytorch or --engine torch",
+            )
+        profile = ctx.gpu_profile
+        shape = ModelShape.from_config(config) if config else None
+        if point.precision in DTYPES:
+            dtype = DTYPES[point.precision]
+        else:  # quantized weights: activations in the checkpoint's 16-bit type where the GPU has it
+            stored = (config or {}).get("torch_dtype") or (config or {}).get("dtype") or "bfloat16"
+            bf16 = stored == "bfloat16" and (profile is None or profile.supports("bf16"))
+            dtype = "bfloat16" if bf16 else "float16"
+        # converters load the Hugging Face model on one GPU unless told otherwise
+        load_on_cpu = bool(shape and profile and shape.params * 2 > profile.memory_gib * 0.8 * 2**30)
+        return cls(
+            version=_version(point.engine_version),
+            family=family,
+            dtype=dtype,
+            kv_cache_dtype="fp8" if point.precision == "fp8" else None,
+            load_on_cpu=load_on_cpu,
+        )
+
+    @property
+    def script_dir(self) -> str:
+        return f"{examples_dir()}/{self.version.examples_layout}{self.family}"
+
+
+def _version(text: str) -> TrtllmVersion:
+    return TrtllmVersion.parse(text)
+
+
+def _read_config(model_dir: Path) -> dict | None:
+    try:
+        return json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def checkpoint_step(ctx: BuildContext, recipe: Recipe) -> BuildStep:
+    """convert_checkpoint.py or quantize.py: the Hugging Face checkpoint -> a TRT-LLM checkpoint for TP x PP."""
+    point = ctx.point
+    parallel = ["--tp_size", str(point.tp), "--pp_size", str(point.pp)]
+    common = ["--model_dir", str(ctx.llm_dir), "--output_dir", CHECKPOINT, "--dtype", recipe.dtype]
+    if point.precision in QFORMATS:
+        script = f"{examples_dir()}/quantization/quantize.py"
+        argv = ["python3", script, *common]
+        argv += ["--qformat", QFORMATS[point.precision]]
+        if recipe.kv_cache_dtype:
+            argv += ["--kv_cache_dtype", recipe.kv_cache_dtype]
+        if point.precision == "int4_awq":
+            argv += ["--awq_block_size", str(AWQ_BLOCK_SIZE)]
+        argv += ["--calib_size", str(CALIBRATION_SAMPLES), *parallel]
+        return BuildStep("quantize", f"quantize to {point.precision} with ModelOpt", tuple(argv), requires=(script,))
+    script = f"{recipe.script_dir}/convert_checkpoint.py"
+    argv = ["python3", script, *common, *parallel]
+    if point.precision in WEIGHT_ONLY:
+        argv += ["--use_weight_only", "--weight_only_precision", WEIGHT_ONLY[point.precision]]
+    if recipe.load_on_cpu:
+        argv.append("--load_model_on_cpu")
+    return BuildStep("convert", f"convert to a TRT-LLM checkpoint ({point.precision})", tuple(argv), requires=(script,))
+
+
+def build_step(ctx: BuildContext, recipe: Recipe) -> BuildStep:
+    """trtllm-build: one engine per rank, for the point's batch, lengths and tokens per step."""
+    point = ctx.point
+    argv = [
+        "trtllm-build",
+        "--checkpoint_dir", CHECKPOINT,
+        "--output_dir", ENGINES,
+        "--max_batch_size", str(point.max_batch_size),
+        "--max_input_len", str(ctx.llm_max_input_len),
+        "--max_seq_len", str(point.max_seq_len),
+        "--max_num_tokens", str(point.max_num_tokens or 8192),
+        "--max_beam_width", "1",
+        "--kv_cache_type", "paged",
+        "--gpt_attention_plugin", "auto",
+        "--remove_input_padding", "enable",
+        "--context_fmha", "enable",
+        "--use_paged_context_fmha", "enable",
+        "--multiple_profiles", "enable",
+    ]  # fmt: skip
+    if point.precision == "fp8":
+        argv += ["--use_fp8_context_fmha", "enable"]
+    else:
+        argv += ["--gemm_plugin", "auto"]
+    workers = min(point.world_size, ctx.gpu_count or 1)
+    if workers > 1:
+        argv += ["--workers", str(workers)]
+    return BuildStep("build", f"build {point.world_size} engine(s) with trtllm-build", tuple(argv))
+
+
+def cleanup_step() -> BuildStep:
+    def remove(log: Path) -> None:
+        shutil.rmtree(log.parent.parent / CHECKPOINT, ignore_errors=True)
+        log.write_text(f"removed {CHECKPOINT}/\n")
+
+    return BuildStep("cleanup", f"remove {CHECKPOINT}/ (the engines are built)", run=remove)

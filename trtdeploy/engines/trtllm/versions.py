@@ -1,0 +1,103 @@
+"""TensorRT-LLM versions the trtllm engine plans for, and what changes between them.
+
+The engine flow (``convert_checkpoint.py`` / ``quantize.py`` + ``trtllm-build`` + the C++ ``tensorrtllm`` Triton
+backend) exists from the releases we support, 0.17.x, up to the 1.2.x line; upstream deletes it after that.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+
+from ...errors import UsageError
+
+OLDEST = (0, 17)
+NEWEST = (1, 2)
+#: What a dry run plans for when no TensorRT-LLM is installed and no --trtllm-version is given.
+LATEST_KNOWN = "1.2.1"
+
+#: TensorRT-LLM version -> the NGC Triton release whose ``<tag>-trtllm-python-py3`` image ships it.
+TRITON_IMAGES = {
+    "0.17.0": "25.01",
+    "0.17.0.post1": "25.02",
+    "0.18.0": "25.03",
+    "0.18.2": "25.04",
+    "0.19.0": "25.05",
+    "0.20.0": "25.07",
+    "0.21.0": "25.08",
+    "1.0.0": "25.10",
+    "1.1.0": "26.02",
+    "1.2.0": "26.03",
+    "1.2.1": "26.07",
+}
+IMAGE = "nvcr.io/nvidia/tritonserver:{tag}-trtllm-python-py3"
+
+
+@dataclass(frozen=True)
+class TrtllmVersion:
+    """A TensorRT-LLM release, e.g. ``0.17.0.post1`` or ``1.2.1``."""
+
+    text: str
+    major: int
+    minor: int
+
+    @classmethod
+    def parse(cls, text: str) -> TrtllmVersion:
+        match = re.fullmatch(r"v?(\d+)\.(\d+)(\.\d+)?([.\w+-]*)", text.strip())
+        if not match:
+            raise UsageError(f"--trtllm-version {text!r} is not a version", hint="e.g. 0.17.0.post1, 0.19.0, 1.2.1")
+        found = cls(text.strip().removeprefix("v"), int(match[1]), int(match[2]))
+        if not OLDEST <= found.line < (NEWEST[0], NEWEST[1] + 1):
+            raise UsageError(
+                f"TensorRT-LLM {found.text} is outside what the trtllm engine plans for "
+                f"({'.'.join(map(str, OLDEST))}.x to {'.'.join(map(str, NEWEST))}.x)",
+                hint="newer releases have no engine build step: use --engine trtllm_pytorch",
+            )
+        return found
+
+    @property
+    def line(self) -> tuple[int, int]:
+        return (self.major, self.minor)
+
+    @property
+    def config_family(self) -> str:
+        """Which ``tensorrt_llm`` config.pbtxt parameter set this release's backend reads."""
+        if self.line < (0, 19):
+            return "0.17"
+        if self.line < (1, 0):
+            return "0.19"
+        return "1.x"
+
+    @property
+    def examples_layout(self) -> str:
+        """Where per-model examples sit under ``examples/``: flat up to 0.18, ``models/core/`` later (the release
+        of the move, 0.19 or 0.20, is unverified: :attr:`examples_layout_uncertain`)."""
+        return "models/core/" if self.line >= (0, 19) else ""
+
+    @property
+    def examples_layout_uncertain(self) -> bool:
+        return (0, 18) <= self.line <= (0, 20)
+
+    @property
+    def triton_image(self) -> tuple[str, bool]:
+        """The NGC serving image for this release, and whether it ships exactly this version."""
+        if self.text in TRITON_IMAGES:
+            return IMAGE.format(tag=TRITON_IMAGES[self.text]), True
+        same_line = [v for v in TRITON_IMAGES if TrtllmVersion.parse(v).line == self.line]
+        tag = TRITON_IMAGES[same_line[-1]] if same_line else TRITON_IMAGES[LATEST_KNOWN]
+        return IMAGE.format(tag=tag), False
+
+
+def installed() -> str | None:
+    """The installed tensorrt_llm's version, without importing it (that takes seconds and a GPU)."""
+    if importlib.util.find_spec("tensorrt_llm") is None:
+        return None
+    try:
+        return version("tensorrt_llm")
+    except PackageNotFoundError:
+        try:
+            return version("tensorrt-llm")
+        except PackageNotFoundError:
+            return None

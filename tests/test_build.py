@@ -156,3 +156,53 @@ def test_a_damaged_manifest_is_refused(qwen_checkpoint, tmp_path):
     (deployment.path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(BuildError, match="is damaged \\(KeyError"):
         Deployment.load(deployment.path)
+
+
+def test_engines_are_reused_when_only_the_rest_of_the_deployment_changes(qwen_checkpoint, tmp_path, monkeypatch):
+    def steps(self, ctx):
+        engine = f"echo {ctx.point.max_output_len} >> engines/rank0.engine; echo built"
+        return [BuildStep("build", "build the engine", argv=("sh", "-c", engine))]
+
+    monkeypatch.setattr(type(plugins.get_engine("torch")), "steps", steps)
+    first = build.run(request(qwen_checkpoint, tmp_path)).deployment
+    engine = first.path / "engines" / "rank0.engine"
+    assert engine.read_text() == "1024\n"
+    again = build.run(request(qwen_checkpoint, tmp_path, options={"preprocessing_instances": "2"})).deployment
+    manifest = again.manifest
+    assert manifest["steps"][0] == {"name": "build", "reused": True, "returncode": 0}
+    assert engine.read_text() == "1024\n" and manifest["engine_key"] == first.manifest["engine_key"]
+    assert manifest["hash"] != first.manifest["hash"]  # the deployment itself was rebuilt (new templates values)
+    changed = build.run(request(qwen_checkpoint, tmp_path, max_output_len=512)).deployment
+    assert engine.read_text() == "512\n" and "reused" not in changed.manifest["steps"][0]
+
+
+def test_a_step_whose_script_is_missing_names_it(qwen_checkpoint, tmp_path, monkeypatch):
+    script = tmp_path / "examples" / "qwen" / "convert_checkpoint.py"
+    step = BuildStep("convert", "convert", argv=("python3", str(script)), requires=(str(script),))
+    monkeypatch.setattr(type(plugins.get_engine("torch")), "steps", lambda self, ctx: [step])
+    with pytest.raises(BuildError, match=f"'convert' needs {script}, which does not exist") as info:
+        build.run(request(qwen_checkpoint, tmp_path / "out"))
+    assert "TRTDEPLOY_TRTLLM_EXAMPLES" in info.value.hint
+
+
+def test_an_interrupted_step_leaves_no_step_after_it_marked_done(qwen_checkpoint, tmp_path, monkeypatch):
+    def interrupt(log: Path) -> None:
+        raise KeyboardInterrupt
+
+    steps = [
+        BuildStep("convert", "convert", argv=("sh", "-c", "echo converted")),
+        BuildStep("build", "build", run=interrupt),
+        BuildStep("cleanup", "cleanup", argv=("sh", "-c", "echo cleaned")),
+    ]
+    monkeypatch.setattr(type(plugins.get_engine("torch")), "steps", lambda self, ctx: steps)
+    with pytest.raises(KeyboardInterrupt):
+        build.run(request(qwen_checkpoint, tmp_path))
+    failed = tmp_path / "qwen_llm" / "torch-fp32-bs4-tp1pp1-streaming.failed"
+    manifest = json.loads((failed / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and manifest["engine_key"]
+    assert [(step["name"], step["returncode"]) for step in manifest["steps"]] == [("convert", 0)]
+    assert (failed / "logs" / "convert.log").read_text() == "converted\n"
+    # the next build does not take the failed folder's engines for done ones
+    monkeypatch.setattr(type(plugins.get_engine("torch")), "steps", lambda self, ctx: steps[:1])
+    rebuilt = build.run(request(qwen_checkpoint, tmp_path)).deployment
+    assert "reused" not in rebuilt.manifest["steps"][0]

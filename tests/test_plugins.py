@@ -190,5 +190,6 @@ def test_auto_engine_is_the_best_usable_one_or_says_why_there_is_none(monkeypatc
 
     assert get_engine("auto").name == "torch"
     monkeypatch.setattr(type(get_engine("torch")), "unavailable_reason", lambda self: "torch not installed")
-    with pytest.raises(trtdeploy.UsageError, match=r"no engine is usable here \(trtllm: .*; torch: torch not installed\)"):
+    unusable = r"no engine is usable here \(trtllm: .*; torch: torch not installed\)"
+    with pytest.raises(trtdeploy.UsageError, match=unusable):
         get_engine("auto")

@@ -145,8 +145,11 @@ def wait_until(predicate, timeout: float = 30.0, interval: float = 0.1) -> bool:
 CLI = [sys.executable, "-m", "trtdeploy"]
 
 
-def run_cli(*args: str, timeout: float = 120.0, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
+def run_cli(
+    *args: str, timeout: float = 120.0, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, **env} if env else None
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=full_env)
 
 
 def start_cli(*args: str, cwd: Path | None = None) -> subprocess.Popen[str]:

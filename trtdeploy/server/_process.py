@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -362,17 +363,21 @@ def launch(
     timeout: float = 180.0,
     models: list[str] | None = None,
     extra_args: Sequence[str] = (),
+    world_size: int = 1,
+    llm_models: Sequence[str] = ("tensorrt_llm",),
 ) -> RunningServer:
     """Start tritonserver on ``model_repo`` and wait until it and every model in ``models`` are ready.
 
-    ``None`` ports are picked free; ``models`` defaults to every model folder of the repository. On any failure
-    (port in use, server exit, a model failing to load, timeout, Ctrl-C) every process started is stopped and
+    ``None`` ports are picked free; ``models`` defaults to every model folder of the repository. With
+    ``world_size`` > 1 the server runs as that many MPI ranks (see :func:`server_command`). On any failure (port in
+    use, server exit, a model failing to load, timeout, Ctrl-C) every process started is stopped and
     :class:`~trtdeploy.errors.ServerError` is raised with the log tail in ``details`` (Ctrl-C re-raises).
     """
     model_repo = Path(model_repo).expanduser().absolute()
     if not model_repo.is_dir():
         raise ServerError(f"model repository {model_repo} does not exist")
     binary = resolve_tritonserver(tritonserver)
+    mpirun = _find_mpirun(world_size)
     models = repo_models(model_repo) if models is None else list(models)
     if log_file is None:
         fd, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
@@ -389,7 +394,13 @@ def launch(
     while True:
         attempt += 1
         ports = _choose_ports(http_port, grpc_port, metrics_port)
-        server = _start(binary, model_repo, ports, log_file, models, extra_args)
+        shm_prefix = f"trtdeploy-{uuid.uuid4().hex[:12]}-"
+        command = server_command(
+            binary, model_repo, ports, shm_prefix, extra_args, world_size=world_size, llm_models=llm_models
+        )
+        if mpirun is not None:
+            command = [mpirun, *command]
+        server = _start(command, binary, model_repo, ports, log_file, models, shm_prefix)
         try:
             server.wait_ready(timeout)
         except PortInUseError as exc:
@@ -402,30 +413,78 @@ def launch(
         return server
 
 
+def _find_mpirun(world_size: int) -> str | None:
+    """mpirun for a multi-rank server (None for one rank); ServerError when it is missing."""
+    if world_size <= 1:
+        return None
+    found = shutil.which("mpirun")
+    if found is None:
+        raise ServerError(
+            f"serving a deployment of world size {world_size} needs mpirun, and none is on PATH",
+            hint="serve inside the NGC -trtllm-python-py3 image (it has Open MPI), or install Open MPI",
+        )
+    return found
+
+
+def server_command(
+    binary: TritonBinary,
+    model_repo: Path,
+    ports: tuple[int, int, int],
+    shm_prefix: str,
+    extra_args: Sequence[str] = (),
+    *,
+    world_size: int = 1,
+    llm_models: Sequence[str] = ("tensorrt_llm",),
+) -> list[str]:
+    """The tritonserver command line; for ``world_size`` > 1, mpirun's arguments (without ``mpirun`` itself).
+
+    Several ranks follow TRT-LLM's launch_triton_server.py: rank 0 serves the whole repository on the ports; every
+    other rank loads only the TRT-LLM model(s) in explicit mode, with its endpoints off (its model never finishes
+    initialising: it works for rank 0's engine), and each rank has a python-backend shm prefix of its own.
+    """
+    http_port, grpc_port, metrics_port = ports
+
+    def rank_args(rank: int) -> list[str]:
+        prefix = f"{shm_prefix}rank{rank}_" if world_size > 1 else shm_prefix
+        args = [
+            str(binary.path),
+            f"--model-repository={model_repo}",
+            f"--backend-config=python,shm-region-prefix-name={prefix}",
+            "--disable-auto-complete-config",
+            f"--exit-timeout-secs={EXIT_TIMEOUT}",
+            *binary.args,
+        ]
+        if rank == 0:
+            ports_and_checks = [
+                f"--http-port={http_port}",
+                f"--grpc-port={grpc_port}",
+                f"--metrics-port={metrics_port}",
+                "--strict-readiness=true",
+                "--exit-on-error=true",
+            ]
+            return [*args[:2], *ports_and_checks, *args[2:], *extra_args]
+        loads = [f"--load-model={name}" for name in llm_models]
+        quiet = ["--allow-http=false", "--allow-grpc=false", "--allow-metrics=false"]
+        return [*args[:2], "--model-control-mode=explicit", *loads, *quiet, *args[2:]]
+
+    if world_size <= 1:
+        return rank_args(0)
+    command = ["--allow-run-as-root"]
+    for rank in range(world_size):
+        command += ["-n", "1", *rank_args(rank), ":"]
+    return command[:-1]
+
+
 def _start(
+    command: list[str],
     binary: TritonBinary,
     model_repo: Path,
     ports: tuple[int, int, int],
     log_file: Path,
     models: list[str],
-    extra_args: Sequence[str],
+    shm_prefix: str,
 ) -> RunningServer:
     http_port, grpc_port, metrics_port = ports
-    shm_prefix = f"trtdeploy-{uuid.uuid4().hex[:12]}-"
-    command = [
-        str(binary.path),
-        f"--model-repository={model_repo}",
-        f"--http-port={http_port}",
-        f"--grpc-port={grpc_port}",
-        f"--metrics-port={metrics_port}",
-        f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
-        "--strict-readiness=true",
-        "--exit-on-error=true",
-        "--disable-auto-complete-config",
-        f"--exit-timeout-secs={EXIT_TIMEOUT}",
-        *binary.args,
-        *extra_args,
-    ]
     with open(log_file, "ab") as log:  # appending: a second server on the same log never punches holes in it
         log_offset = log.tell()
         log.write(("$ " + " ".join(command) + "\n").encode())

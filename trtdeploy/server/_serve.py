@@ -10,7 +10,7 @@ from pathlib import Path
 from types import FrameType
 
 from ..deployment import Deployment
-from ..errors import ServerError, UsageError
+from ..errors import ServerError
 from ._process import RunningServer, launch
 from ._state import ServerInfo, register, writable_servers_dir
 
@@ -31,14 +31,10 @@ def serve_deployment(
 ) -> tuple[RunningServer, ServerInfo]:
     """Start tritonserver on a deployment's model repository, wait for its models, and write its state file.
 
+    A deployment built for TP x PP > 1 runs as that many MPI ranks under mpirun (one GPU each).
+
     The log goes to ``<deployment>/logs/tritonserver.log`` unless ``log_file`` is given.
     """
-    if deployment.world_size > 1:
-        raise UsageError(
-            f"deployment {deployment.path.name} needs {deployment.world_size} GPUs (tp*pp); "
-            "multi-GPU serving arrives with the trtllm engine",
-            hint="serve a deployment built for one GPU (tp=1, pp=1)",
-        )
     writable_servers_dir()
     extra = [f"--log-verbose={log_verbose}"] if log_verbose else []
     server = launch(
@@ -51,6 +47,8 @@ def serve_deployment(
         timeout=timeout,
         models=deployment.models,
         extra_args=extra,
+        world_size=deployment.world_size,
+        llm_models=[deployment.llm_model_name],
     )
     try:
         info = register(server, deployment=deployment.path, entry_model=deployment.entry_model, background=background)

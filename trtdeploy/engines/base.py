@@ -11,6 +11,10 @@ from typing import Any, ClassVar
 from ..errors import UsageError
 from ..spec import BuildContext
 
+#: The ``tensorrt_llm`` python-model template of the engines that serve the contract with a generator of ours
+#: (torch, trtllm_pytorch): each names its generator factory and settings in ``engine.parameters``.
+PYTHON_TEMPLATES = Path(__file__).parent / "python_templates"
+
 
 @dataclass(frozen=True)
 class BuildStep:

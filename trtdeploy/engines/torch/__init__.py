@@ -15,7 +15,7 @@ from typing import Any
 from ...errors import UsageError
 from ...hookspecs import hookimpl
 from ...spec import BuildContext
-from ..base import Engine
+from ..base import PYTHON_TEMPLATES, Engine
 
 #: Hugging Face architectures whose layers the runtime's own forward pass reproduces.
 SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM")
@@ -40,7 +40,7 @@ class TorchEngine(Engine):
     name = "torch"
     description = "trtdeploy's own PyTorch continuous-batching model (Qwen2/Qwen3/Llama), CPU or one GPU"
     precisions = ("fp32", "fp16", "bf16")
-    templates_dir = Path(__file__).parent / "templates"
+    templates_dir = PYTHON_TEMPLATES
 
     def unavailable_reason(self) -> str | None:
         missing = [name for name in ("torch", "transformers") if importlib.util.find_spec(name) is None]
@@ -68,18 +68,20 @@ class TorchEngine(Engine):
 
     def template_context(self, ctx: BuildContext) -> dict[str, Any]:
         point = ctx.point
-        return {
-            "hf_model_dir": str(ctx.llm_dir),
+        parameters = {
+            "generator_factory": "trtdeploy.engines.torch.runtime:load_from_parameters",
+            "hf_model_dir": ctx.llm_dir,
             "precision": point.precision,
             "device": point.device,
             "max_slots": point.max_batch_size,
             "max_input_len": ctx.llm_max_input_len,
             "max_seq_len": point.max_seq_len,
-            "max_num_tokens": max(8192, ctx.llm_max_input_len),
-            "exclude_input_in_output": True,
-            "cuda_graphs": point.device == "cuda",
+            "max_num_tokens": max(point.max_num_tokens or 8192, ctx.llm_max_input_len),
+            "exclude_input_in_output": "true",
+            "cuda_graphs": str(point.device == "cuda").lower(),
             "cancellation_check_period_ms": 100,
         }
+        return {"parameters": parameters}
 
     def versions(self) -> dict[str, str]:
         from importlib.metadata import PackageNotFoundError, version

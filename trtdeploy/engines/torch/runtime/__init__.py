@@ -11,17 +11,12 @@ from pathlib import Path
 
 import torch
 
+from ....backend_utils import ModelParameters
+from ...contract import NEVER_STOP, GenerationRequest, ResponseSink, SamplingParams, output_arrays, special_tokens
 from .. import unsupported_reason
-from .generator import (
-    NEVER_STOP,
-    GenerationRequest,
-    Generator,
-    GeneratorConfig,
-    ResponseSink,
-    output_arrays,
-)
+from .generator import Generator, GeneratorConfig
 from .model import DecoderModel
-from .sampling import SamplingParams, SamplingPlan, SlotSampler, uniform_noise
+from .sampling import SamplingPlan, SlotSampler, uniform_noise
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -37,32 +32,11 @@ __all__ = [
     "SamplingPlan",
     "SlotSampler",
     "load_generator",
+    "load_from_parameters",
     "output_arrays",
     "special_tokens",
     "uniform_noise",
 ]
-
-
-def special_tokens(model_dir: str | Path) -> tuple[frozenset[int], int]:
-    """The checkpoint's end-of-sequence ids and its pad id, from ``generation_config.json`` and ``config.json``."""
-    folder = Path(model_dir)
-    sources = [
-        json.loads(path.read_text())
-        for name in ("generation_config.json", "config.json")
-        if (path := folder / name).is_file()
-    ]
-
-    def first(key: str) -> int | list[int] | None:
-        return next((source[key] for source in sources if source.get(key) is not None), None)
-
-    eos = first("eos_token_id")
-    end_ids = frozenset(eos if isinstance(eos, list) else [] if eos is None else [eos])
-    pad = first("pad_token_id")
-    if isinstance(pad, list):
-        pad = pad[0] if pad else None
-    if pad is None:
-        pad = min(end_ids) if end_ids else 0
-    return end_ids, pad
 
 
 def load_generator(
@@ -101,3 +75,18 @@ def load_generator(
         pad_id=pad_id,
     )
     return Generator(model, limits)
+
+
+def load_from_parameters(params: ModelParameters) -> Generator:
+    """:func:`load_generator` with the settings of the Triton model's config.pbtxt (the engine's template)."""
+    return load_generator(
+        params.str("hf_model_dir"),
+        precision=params.str("precision", "fp32"),
+        device=params.str("device", "cpu"),
+        max_slots=params.int("max_slots"),
+        max_input_len=params.int("max_input_len"),
+        max_seq_len=params.int("max_seq_len"),
+        max_num_tokens=params.int("max_num_tokens", 8192),
+        cuda_graphs=params.bool("cuda_graphs", True),
+        cancel_check_period=params.int("cancellation_check_period_ms", 100) / 1000,
+    )

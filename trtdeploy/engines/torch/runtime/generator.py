@@ -15,53 +15,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
-import numpy as np
 import torch
 
+from ...contract import GenerationRequest, ResponseSink
 from .model import DecoderModel
-from .sampling import SamplingParams, SlotSampler
+from .sampling import SlotSampler
 
 log = logging.getLogger(__name__)
-
-#: ``end_id`` value meaning "never stop before ``request_output_len`` tokens" (benchmarks use it for exact lengths).
-NEVER_STOP = -1
-
-
-class ResponseSink(Protocol):
-    """Where one request's results go. Called from the generator's sender thread, in order."""
-
-    def send_tokens(self, tokens: list[int]) -> None:
-        """Streaming: the tokens generated since the last call (the latest step's, or several steps' when the
-        sender fell behind; one sequence per streaming request)."""
-
-    def send_final(self, outputs: list[list[int]] | None) -> None:
-        """The request is complete: every sequence's output (non-streaming), or None after streamed tokens."""
-
-    def send_error(self, message: str, cancelled: bool = False) -> None:
-        """The request failed (or was cancelled); nothing more is sent for it."""
-
-    def is_cancelled(self) -> bool:
-        """Whether the client gave up on the request (polled now and then by the decode thread)."""
-
-
-@dataclass
-class GenerationRequest:
-    """One client request: one or more prompts that share the settings below.
-
-    ``end_id``: None or a negative value other than :data:`NEVER_STOP` stops at the model's end-of-sequence
-    token(s); :data:`NEVER_STOP` (-1) never stops early; any other value stops at that token. The end token is not
-    part of the output (as in TRT-LLM).
-    """
-
-    input_ids: list[list[int]]
-    max_new_tokens: int
-    end_id: int | None = None
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    streaming: bool = False
-    exclude_input: bool = True
 
 
 @dataclass(frozen=True)
@@ -147,7 +110,7 @@ class Generator:
         if problem:
             sink.send_error(problem)
             return
-        self._inbox.put(_Job(request, sink, self._stops(request.end_id)))
+        self._inbox.put(_Job(request, sink, request.stop_ids(self.config.end_ids)))
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop the decode thread; requests still in flight get an error."""
@@ -175,13 +138,6 @@ class Generator:
             if min(prompt) < 0 or max(prompt) >= vocab:
                 return f"input_ids hold a token id outside the vocabulary [0, {vocab})"
         return None
-
-    def _stops(self, end_id: int | None) -> frozenset[int]:
-        if end_id == NEVER_STOP:
-            return frozenset()
-        if end_id is None or end_id < 0:
-            return self.config.end_ids
-        return frozenset((end_id,))
 
     # --- decode thread ------------------------------------------------------------------------------------------
 
@@ -388,13 +344,3 @@ def coalesce_tokens(events: list[Event]) -> list[Event]:
             pending.pop(sink, None)
             merged.append((send, args, mergeable))
     return merged
-
-
-def output_arrays(outputs: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """The contract's ``output_ids [batch, 1, longest]`` (padded with ``pad_id``) and ``sequence_length [batch, 1]``."""
-    longest = max((len(tokens) for tokens in outputs), default=0)
-    ids = np.full((len(outputs), 1, longest), pad_id, dtype=np.int32)
-    for row, tokens in enumerate(outputs):
-        ids[row, 0, : len(tokens)] = tokens
-    lengths = np.array([[len(tokens)] for tokens in outputs], dtype=np.int32)
-    return ids, lengths

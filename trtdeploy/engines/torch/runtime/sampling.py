@@ -20,34 +20,13 @@ from dataclasses import dataclass
 
 import torch
 
+from ...contract import SamplingParams
+
 log = logging.getLogger(__name__)
 
 _MASK32 = 0xFFFFFFFF
 # Odd multipliers below 2**31, so that products of 32-bit values never overflow int64.
 _MULTIPLIERS = (0x7FEB352D, 0x31848BAB)
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Per-request sampling settings, as the TRT-LLM contract names them.
-
-    ``top_k`` 0 means no top-k limit and ``top_p`` 0 (or >= 1) no nucleus limit; with both off the row is greedy,
-    as in TRT-LLM. ``temperature`` 0 is greedy too.
-    """
-
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 0.0
-    repetition_penalty: float = 1.0
-    seed: int = 0
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0 or self.top_k == 1 or (self.top_k <= 0 and self.top_p <= 0)
-
-    @property
-    def uses_top_p(self) -> bool:
-        return 0 < self.top_p < 1
 
 
 def _mix(x: torch.Tensor) -> torch.Tensor:

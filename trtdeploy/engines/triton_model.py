@@ -1,28 +1,40 @@
-"""Triton python model serving the TRT-LLM inflight-batcher tensor contract with trtdeploy's torch runtime.
+"""The Triton side of the LLM contract, shared by the python models of the torch and trtllm_pytorch engines.
 
-``execute`` parses each request and hands it, with its response sender, to the runtime's decode loop, then returns
-at once (decoupled or not): the loop runs a continuous batch and answers through the sender. Decoupled streaming
-sends the new token ids of each step, then an empty final response; otherwise one response carries everything.
-The model's settings come from the ``parameters`` of config.pbtxt (see the torch engine's template).
+``execute`` parses each request into a :class:`~trtdeploy.engines.contract.GenerationRequest` and hands it, with
+its response sender, to the engine's generator, then returns at once (decoupled or not): the generator runs a
+continuous batch and answers through the sender. Decoupled streaming sends the new token ids as they come, then an
+empty final response; otherwise one response carries everything. Importable only inside Triton's python backend.
 
 Inputs as in TRT-LLM: ``end_id`` missing (or negative) stops at the checkpoint's end-of-sequence ids, ``end_id`` -1
 never stops early (benchmarks use it to force exact lengths), and the end token is left out of the output;
 ``runtime_top_k`` 0 with ``runtime_top_p`` 0 (the defaults), ``temperature`` 0 or ``runtime_top_k`` 1 is greedy;
-``random_seed`` defaults to 0; ``streaming`` defaults to on in a decoupled model; ``pad_id`` fills the rows of a
-multi-sequence request's ``output_ids`` past their ``sequence_length``.
+``random_seed`` (``seed`` as TRT-LLM 0.20+ names it) defaults to 0; ``streaming`` defaults to on in a decoupled
+model; ``pad_id`` fills the rows of a multi-sequence request's ``output_ids`` past their ``sequence_length``.
 """
 
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
+from typing import Any, Protocol
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trtdeploy.backend_utils import ModelParameters
-from trtdeploy.engines.torch.runtime import GenerationRequest, SamplingParams, load_generator, output_arrays
+from ..backend_utils import ModelParameters
+from .contract import GenerationRequest, ResponseSink, SamplingParams, output_arrays
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class ContractGenerator(Protocol):
+    """What an engine's generator offers the Triton model."""
+
+    pad_id: int
+
+    def submit(self, request: GenerationRequest, sink: ResponseSink) -> None: ...
+
+    def close(self) -> None: ...
 
 
 def _optional(request, name: str) -> np.ndarray | None:
@@ -38,7 +50,7 @@ def _response(outputs: list[list[int]], pad_id: int) -> pb_utils.InferenceRespon
 
 
 class _Sink:
-    """Turns the runtime's calls for one request into Triton responses."""
+    """Turns a generator's calls for one request into Triton responses."""
 
     def __init__(self, sender, pad_id: int, decoupled: bool):
         self.sender = sender
@@ -65,22 +77,18 @@ class _Sink:
         return self.sender.is_cancelled()
 
 
-class TritonPythonModel:
-    def initialize(self, args: dict) -> None:
+class ContractModel(ABC):
+    """Base of a ``TritonPythonModel`` serving the contract: subclasses say how to load their generator."""
+
+    @abstractmethod
+    def load(self, params: ModelParameters) -> ContractGenerator:
+        """The engine's generator, from the model's config.pbtxt ``parameters``."""
+
+    def initialize(self, args: dict[str, Any]) -> None:
         params = ModelParameters(args)
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
         self.exclude_input = params.bool("exclude_input_in_output", True)
-        self.generator = load_generator(
-            params.str("hf_model_dir"),
-            precision=params.str("precision", "fp32"),
-            device=params.str("device", "cpu"),
-            max_slots=params.int("max_slots"),
-            max_input_len=params.int("max_input_len"),
-            max_seq_len=params.int("max_seq_len"),
-            max_num_tokens=params.int("max_num_tokens", 8192),
-            cuda_graphs=params.bool("cuda_graphs", True),
-            cancel_check_period=params.int("cancellation_check_period_ms", 100) / 1000,
-        )
+        self.generator = self.load(params)
         self.default_pad_id = self.generator.pad_id
 
     def execute(self, requests: list) -> None:
@@ -102,31 +110,32 @@ class TritonPythonModel:
         if len(lengths) != len(input_ids) or np.any(lengths > input_ids.shape[1]) or np.any(lengths < 0):
             raise ValueError(f"input_lengths {lengths.tolist()} do not fit input_ids of shape {input_ids.shape}")
 
-        def scalar(name: str, kind: type, default):
-            values = _optional(request, name)
-            return default if values is None or values.size == 0 else kind(values[0])
+        def scalar(names: tuple[str, ...], kind: type, default):
+            for name in names:
+                values = _optional(request, name)
+                if values is not None and values.size:
+                    return kind(values[0])
+            return default
 
-        streaming = scalar("streaming", bool, self.decoupled)
+        streaming = scalar(("streaming",), bool, self.decoupled)
         if streaming and not self.decoupled:
             raise ValueError("streaming=true needs a decoupled model (this deployment is offline)")
-        end_id = scalar("end_id", int, None)
-        pad_id = scalar("pad_id", int, self.default_pad_id)
         sampling = SamplingParams(
-            temperature=scalar("temperature", float, 1.0),
-            top_k=scalar("runtime_top_k", int, 0),
-            top_p=scalar("runtime_top_p", float, 0.0),
-            repetition_penalty=scalar("repetition_penalty", float, 1.0),
-            seed=scalar("random_seed", int, 0),
+            temperature=scalar(("temperature",), float, 1.0),
+            top_k=scalar(("runtime_top_k",), int, 0),
+            top_p=scalar(("runtime_top_p",), float, 0.0),
+            repetition_penalty=scalar(("repetition_penalty",), float, 1.0),
+            seed=scalar(("random_seed", "seed"), int, 0),
         )
         parsed = GenerationRequest(
             input_ids=[row[:length].tolist() for row, length in zip(input_ids, lengths, strict=True)],
             max_new_tokens=int(output_len[0]),
-            end_id=end_id,
+            end_id=scalar(("end_id",), int, None),
             sampling=sampling,
             streaming=streaming,
-            exclude_input=scalar("exclude_input_in_output", bool, self.exclude_input),
+            exclude_input=scalar(("exclude_input_in_output",), bool, self.exclude_input),
         )
-        return parsed, pad_id
+        return parsed, scalar(("pad_id",), int, self.default_pad_id)
 
     def finalize(self) -> None:
         self.generator.close()

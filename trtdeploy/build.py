@@ -429,6 +429,7 @@ def _manifest(built: Plan, digest: str) -> dict[str, Any]:
         "paths": {"checkpoint": str(built.context.checkpoint_dir), "llm": str(built.context.llm_dir)},
         "entry_model": built.spec.entry_model(built.point.mode),
         "llm_model_name": built.context.llm_model_name,
+        "server_ranks": built.point.world_size if built.engine.launches_ranks else 1,
         "triton_models": built.triton_models,
         "versions": _versions(built),
         "engine_key": engine_key(built),

@@ -107,6 +107,11 @@ class Deployment:
     def world_size(self) -> int:
         return self.point.world_size
 
+    @property
+    def server_ranks(self) -> int:
+        """How many tritonserver processes (MPI ranks) serve this deployment."""
+        return int(self.manifest.get("server_ranks", self.world_size))
+
 
 def iter_manifests(root: Path) -> list[Path]:
     """Every manifest.json in ``root`` or up to four folders below it (``deployments/<model>/<point>/``)."""

@@ -20,6 +20,7 @@ PRECISION_MIN_SM: dict[str, tuple[int, int]] = {
     "int4_wo": (8, 0),
     "int4_awq": (8, 0),
     "int8_sq": (8, 0),
+    "nvfp4": (10, 0),  # Blackwell
 }
 
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 ENTRY_POINT_GROUP = "trtdeploy"
 #: Built-in plugins: loaded like any other plugin, through the same hooks.
-DEFAULT_PLUGINS = ("trtdeploy.engines.torch", "trtdeploy.engines.trtllm")
+DEFAULT_PLUGINS = ("trtdeploy.engines.torch", "trtdeploy.engines.trtllm", "trtdeploy.engines.trtllm_pytorch")
 #: ``--engine`` value that picks the best usable engine.
 AUTO_ENGINE = "auto"
 

@@ -85,8 +85,8 @@ def test_the_seed_input_follows_the_release_through_the_ensemble(qwen05b, tmp_pa
         ({"gpu": "A100", "precision": "fp8"}, "fp8 needs compute capability 8.9\\+ and the A100-80GB is SM80"),
         ({"gpu": "H100:4", "tp": 4, "pp": 2}, "tp4pp2 needs 8 GPUs and 4 H100 are available"),
         ({"gpu": "cpu"}, "the trtllm engine builds for a GPU"),
-        ({"gpu": "H100", "engine_version": "0.16.0"}, "outside what the trtllm engine plans for"),
-        ({"gpu": "H100", "engine_version": "1.3.0"}, "outside what the trtllm engine plans for \\(0.17.x to 1.2.x\\)"),
+        ({"gpu": "H100", "engine_version": "0.16.0"}, "outside what this engine plans for"),
+        ({"gpu": "H100", "engine_version": "1.3.0"}, "outside what this engine plans for \\(0.17.x to 1.2.x\\)"),
         ({"gpu": "H100", "engine_version": "latest"}, "is not a version"),
     ],
 )

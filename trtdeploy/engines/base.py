@@ -47,6 +47,9 @@ class Engine(ABC):
     templates_dir: ClassVar[Path]
     #: Rank for ``--engine auto``: the usable engine with the highest rank serves the build.
     rank: ClassVar[int] = 0
+    #: Whether a TP x PP deployment runs as one tritonserver per GPU under mpirun (TRT-LLM's C++ backend) rather
+    #: than one tritonserver whose model starts its own workers.
+    launches_ranks: ClassVar[bool] = False
 
     @abstractmethod
     def unavailable_reason(self) -> str | None:

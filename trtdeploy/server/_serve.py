@@ -31,7 +31,7 @@ def serve_deployment(
 ) -> tuple[RunningServer, ServerInfo]:
     """Start tritonserver on a deployment's model repository, wait for its models, and write its state file.
 
-    A deployment built for TP x PP > 1 runs as that many MPI ranks under mpirun (one GPU each).
+    A TRT-LLM engine deployment built for TP x PP > 1 runs as that many MPI ranks under mpirun (one GPU each).
 
     The log goes to ``<deployment>/logs/tritonserver.log`` unless ``log_file`` is given.
     """
@@ -47,7 +47,7 @@ def serve_deployment(
         timeout=timeout,
         models=deployment.models,
         extra_args=extra,
-        world_size=deployment.world_size,
+        world_size=deployment.server_ranks,
         llm_models=[deployment.llm_model_name],
     )
     try:

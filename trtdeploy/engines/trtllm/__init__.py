@@ -40,6 +40,7 @@ class TrtllmEngine(Engine):
     precisions = ("bf16", "fp16", "fp8", "int8_wo", "int4_wo", "int4_awq", "int8_sq")
     templates_dir = TEMPLATES
     rank = 30
+    launches_ranks = True
 
     def unavailable_reason(self) -> str | None:
         if importlib.util.find_spec("tensorrt_llm") is None:

@@ -44,17 +44,28 @@ class TrtllmVersion:
     minor: int
 
     @classmethod
-    def parse(cls, text: str) -> TrtllmVersion:
+    def parse(
+        cls, text: str, *, oldest: tuple[int, int] = OLDEST, newest: tuple[int, int] | None = NEWEST
+    ) -> TrtllmVersion:
+        """Parse a release number, refusing one outside [oldest, newest] (whole lines; ``newest`` None: open)."""
         match = re.fullmatch(r"v?(\d+)\.(\d+)(\.\d+)?([.\w+-]*)", text.strip())
         if not match:
             raise UsageError(f"--trtllm-version {text!r} is not a version", hint="e.g. 0.17.0.post1, 0.19.0, 1.2.1")
         found = cls(text.strip().removeprefix("v"), int(match[1]), int(match[2]))
-        if not OLDEST <= found.line < (NEWEST[0], NEWEST[1] + 1):
-            raise UsageError(
-                f"TensorRT-LLM {found.text} is outside what the trtllm engine plans for "
-                f"({'.'.join(map(str, OLDEST))}.x to {'.'.join(map(str, NEWEST))}.x)",
-                hint="newer releases have no engine build step: use --engine trtllm_pytorch",
+        if found.line < oldest or (newest is not None and found.line > newest):
+            span = (
+                f"{'.'.join(map(str, oldest))}.x to {'.'.join(map(str, newest))}.x"
+                if newest
+                else (f"{'.'.join(map(str, oldest))} or newer")
             )
+            hint = (
+                "newer releases have no engine build step: use --engine trtllm_pytorch"
+                if newest and found.line > newest
+                else "older releases have no PyTorch backend: use --engine trtllm"
+                if not newest
+                else None
+            )
+            raise UsageError(f"TensorRT-LLM {found.text} is outside what this engine plans for ({span})", hint=hint)
         return found
 
     @property
@@ -85,9 +96,10 @@ class TrtllmVersion:
         """The NGC serving image for this release, and whether it ships exactly this version."""
         if self.text in TRITON_IMAGES:
             return IMAGE.format(tag=TRITON_IMAGES[self.text]), True
-        same_line = [v for v in TRITON_IMAGES if TrtllmVersion.parse(v).line == self.line]
-        tag = TRITON_IMAGES[same_line[-1]] if same_line else TRITON_IMAGES[LATEST_KNOWN]
-        return IMAGE.format(tag=tag), False
+        same_line = [v for v in TRITON_IMAGES if TrtllmVersion.parse(v, newest=None).line == self.line]
+        if not same_line:  # a release newer than the table: the newest image we know, to be checked by hand
+            return IMAGE.format(tag=TRITON_IMAGES[LATEST_KNOWN]), False
+        return IMAGE.format(tag=TRITON_IMAGES[same_line[-1]]), False
 
 
 def installed() -> str | None:

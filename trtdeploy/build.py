@@ -58,6 +58,8 @@ class BuildRequest:
     engine_version: str | None = None
     #: Suffix of the deployment folder (see BuildPoint.variant).
     variant: str = ""
+    #: Copies of the model behind one endpoint, each on GPUs of its own.
+    replicas: int = 1
 
 
 @dataclass
@@ -140,7 +142,8 @@ def plan(request: BuildRequest, *, dry_run: bool = False) -> Plan:
     max_batch_size = request.max_batch_size
     if max_batch_size is None:
         max_batch_size = defaults.max_batch_size if defaults else 8
-    for flag, value in (("--max-batch-size", max_batch_size), ("--tp", request.tp), ("--pp", request.pp)):
+    checks = (("--max-batch-size", max_batch_size), ("--tp", request.tp), ("--pp", request.pp))
+    for flag, value in (*checks, ("--replicas", request.replicas)):
         if value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}")
     device = "cpu" if profile is None else "cuda"
@@ -172,6 +175,7 @@ def plan(request: BuildRequest, *, dry_run: bool = False) -> Plan:
         max_num_tokens=request.max_num_tokens or (defaults.max_num_tokens if defaults else None),
         engine_version=engine.resolve_version(request.engine_version, dry_run=dry_run),
         variant=request.variant,
+        replicas=request.replicas,
     )
     _check_gpus(point, selection, dry_run)
     source = local_checkpoint(request.model_dir) if request.model_dir else None
@@ -204,8 +208,8 @@ def _check_gpus(point: BuildPoint, selection: gpus.GpuSelection, dry_run: bool) 
     """Reject a point the target GPUs cannot run: precision, GPU count."""
     profile = selection.profile
     if profile is None:
-        if point.world_size > 1:
-            raise UsageError(f"tp{point.tp}pp{point.pp} needs {point.world_size} GPUs and the build targets the CPU")
+        if point.gpus_needed > 1:
+            raise UsageError(f"{_gpu_layout(point)} needs {point.gpus_needed} GPUs and the build targets the CPU")
         return
     reason = profile.unsupported_reason(point.precision)
     if reason:
@@ -214,11 +218,16 @@ def _check_gpus(point: BuildPoint, selection: gpus.GpuSelection, dry_run: bool) 
     if count is None and not dry_run:
         detected = gpus.detect()
         count = detected.count if detected and detected.profile == profile else None
-    if count is not None and point.world_size > count:
+    if count is not None and point.gpus_needed > count:
         raise UsageError(
-            f"tp{point.tp}pp{point.pp} needs {point.world_size} GPUs and {count} {profile.name} are available",
-            hint=f"lower --tp/--pp, or name the count with --gpu {profile.name}:{point.world_size}",
+            f"{_gpu_layout(point)} needs {point.gpus_needed} GPUs and {count} {profile.name} are available",
+            hint=f"lower --tp/--pp/--replicas, or name the count with --gpu {profile.name}:{point.gpus_needed}",
         )
+
+
+def _gpu_layout(point: BuildPoint) -> str:
+    layout = f"tp{point.tp}pp{point.pp}"
+    return f"{point.replicas} replicas of {layout}" if point.replicas > 1 else layout
 
 
 def memory_estimate(context: BuildContext) -> MemoryEstimate | None:
@@ -429,7 +438,8 @@ def _manifest(built: Plan, digest: str) -> dict[str, Any]:
         "paths": {"checkpoint": str(built.context.checkpoint_dir), "llm": str(built.context.llm_dir)},
         "entry_model": built.spec.entry_model(built.point.mode),
         "llm_model_name": built.context.llm_model_name,
-        "server_ranks": built.point.world_size if built.engine.launches_ranks else 1,
+        "server_ranks": built.point.world_size if built.engine.launches_ranks and built.point.replicas == 1 else 1,
+        "server_env": built.engine.server_env(built.context),
         "triton_models": built.triton_models,
         "versions": _versions(built),
         "engine_key": engine_key(built),

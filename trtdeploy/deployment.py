@@ -108,6 +108,11 @@ class Deployment:
         return self.point.world_size
 
     @property
+    def server_env(self) -> dict[str, str]:
+        """Environment variables the build asked tritonserver to run with."""
+        return {str(k): str(v) for k, v in (self.manifest.get("server_env") or {}).items()}
+
+    @property
     def server_ranks(self) -> int:
         """How many tritonserver processes (MPI ranks) serve this deployment."""
         return int(self.manifest.get("server_ranks", self.world_size))

@@ -41,16 +41,30 @@ class BuildPoint:
     engine_version: str | None = None
     #: Appended to the folder name where points differ by more than the name says (a matrix over lengths).
     variant: str = ""
+    #: Copies of the model behind one endpoint, each on TP x PP GPUs of its own.
+    replicas: int = 1
 
     @property
     def name(self) -> str:
         """The deployment folder's name, e.g. ``torch-bf16-bs8-tp1pp1-streaming``."""
         name = f"{self.engine}-{self.precision}-bs{self.max_batch_size}-tp{self.tp}pp{self.pp}-{self.mode}"
+        if self.replicas > 1:
+            name += f"-x{self.replicas}"
         return f"{name}-{self.variant}" if self.variant else name
 
     @property
     def world_size(self) -> int:
         return self.tp * self.pp
+
+    @property
+    def gpus_needed(self) -> int:
+        return self.world_size * self.replicas
+
+    @property
+    def gpu_groups(self) -> list[list[int]]:
+        """The GPU ids of each replica: TP x PP consecutive ones."""
+        size = self.world_size
+        return [list(range(r * size, (r + 1) * size)) for r in range(self.replicas)]
 
     @property
     def max_seq_len(self) -> int:

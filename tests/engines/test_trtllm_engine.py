@@ -189,3 +189,17 @@ def test_spark_tts_on_an_l4_says_where_it_departs_from_the_official_recipe(spark
     explicit = ["--model-control-mode=explicit", *(f"--load-model={name}" for name in loadable)]
     with launch(tmp_path / "repo", models=loadable, extra_args=explicit, timeout=300) as server:
         assert server.is_ready(loadable)
+
+
+def test_replicas_are_instances_on_gpu_groups_of_their_own(qwen05b, tmp_path):
+    found = plan(qwen05b, tmp_path / "d", gpu="H100:4", tp=2, replicas=2)
+    assert found.point.name.endswith("-x2") and found.engine.server_env(found.context) == {"TRTLLM_ORCHESTRATOR": "1"}
+    text = build.render_repository(found.templates, tmp_path / "repo")["tensorrt_llm"].read_text()
+    assert 'key: "gpu_device_ids" value: { string_value: "0,1;2,3" }' in text and "count: 2" in text
+    with pytest.raises(UsageError, match="2 replicas of tp2pp1 needs 4 GPUs and 2 H100 are available"):
+        plan(qwen05b, tmp_path, gpu="H100:2", tp=2, replicas=2)
+    torch = plan(qwen05b, tmp_path / "t", engine="torch", gpu="H100:2", replicas=2)
+    text = build.render_repository(torch.templates, tmp_path / "torch-repo")["tensorrt_llm"].read_text()
+    assert "kind: KIND_GPU" in text and "gpus: [ 0, 1 ]" in text
+    with pytest.raises(UsageError, match="runs one LLM per deployment"):
+        plan(qwen05b, tmp_path, engine="trtllm_pytorch", gpu="H100:2", replicas=2)

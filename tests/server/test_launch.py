@@ -186,3 +186,10 @@ def test_a_multi_rank_server_without_mpirun_is_refused(tmp_path: Path, monkeypat
     with pytest.raises(ServerError, match="world size 2 needs mpirun"):
         launch(repo, world_size=2)
     assert leftovers(mentioning=repo) == []
+
+
+def test_the_server_gets_the_environment_the_deployment_asks_for(tmp_path: Path) -> None:
+    repo = write_repo(tmp_path / "repo", "echo")
+    with launch(repo, timeout=60, env={"TRTLLM_ORCHESTRATOR": "1"}) as server:
+        environ = Path(f"/proc/{server.pid}/environ").read_bytes().split(b"\0")
+        assert b"TRTLLM_ORCHESTRATOR=1" in environ

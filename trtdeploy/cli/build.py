@@ -38,6 +38,9 @@ def build(
     ] = None,
     tp: Annotated[str, typer.Option("--tp", help="Tensor-parallel size(s), comma-separated.")] = "1",
     pp: Annotated[str, typer.Option("--pp", help="Pipeline-parallel size(s), comma-separated.")] = "1",
+    replicas: Annotated[
+        int, typer.Option(help="Copies of the model behind one endpoint, each on TP x PP GPUs of its own.")
+    ] = 1,
     isl_osl: Annotated[
         str | None, typer.Option("--isl-osl", help="INPUT:OUTPUT token limits, comma-separated (2048:1024,...).")
     ] = None,
@@ -77,6 +80,7 @@ def build(
         max_output_len=max_output_len,
         max_num_tokens=max_num_tokens,
         engine_version=trtllm_version,
+        replicas=replicas,
         model_dir=model_dir,
         revision=revision,
         output_root=output_dir,

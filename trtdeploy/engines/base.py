@@ -79,6 +79,10 @@ class Engine(ABC):
         """The folder whose ``tensorrt_llm/`` model template this build renders (one per toolkit version)."""
         return self.templates_dir
 
+    def server_env(self, ctx: BuildContext) -> dict[str, str]:
+        """Environment variables tritonserver needs for this deployment (recorded in the manifest)."""
+        return {}
+
     def input_names(self, ctx: BuildContext) -> dict[str, str]:
         """LLM-contract inputs this engine's model names differently (contract name -> its name)."""
         return {}

@@ -86,6 +86,8 @@ class ContractModel(ABC):
 
     def initialize(self, args: dict[str, Any]) -> None:
         params = ModelParameters(args)
+        if args.get("model_instance_kind") == "GPU":  # a replica: this instance's GPU, as Triton assigned it
+            params.raw["device"] = f"cuda:{args['model_instance_device_id']}"
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
         self.exclude_input = params.bool("exclude_input_in_output", True)
         self.generator = self.load(params)

@@ -14,7 +14,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import quote
@@ -365,6 +365,7 @@ def launch(
     extra_args: Sequence[str] = (),
     world_size: int = 1,
     llm_models: Sequence[str] = ("tensorrt_llm",),
+    env: Mapping[str, str] | None = None,
 ) -> RunningServer:
     """Start tritonserver on ``model_repo`` and wait until it and every model in ``models`` are ready.
 
@@ -400,7 +401,7 @@ def launch(
         )
         if mpirun is not None:
             command = [mpirun, *command]
-        server = _start(command, binary, model_repo, ports, log_file, models, shm_prefix)
+        server = _start(command, binary, model_repo, ports, log_file, models, shm_prefix, env or {})
         try:
             server.wait_ready(timeout)
         except PortInUseError as exc:
@@ -483,6 +484,7 @@ def _start(
     log_file: Path,
     models: list[str],
     shm_prefix: str,
+    env: Mapping[str, str],
 ) -> RunningServer:
     http_port, grpc_port, metrics_port = ports
     with open(log_file, "ab") as log:  # appending: a second server on the same log never punches holes in it
@@ -495,7 +497,7 @@ def _start(
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **binary.env},
+                env={**os.environ, **binary.env, **env},
                 start_new_session=True,
             )
         except OSError as exc:

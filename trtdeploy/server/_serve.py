@@ -48,6 +48,7 @@ def serve_deployment(
         models=deployment.models,
         extra_args=extra,
         world_size=deployment.server_ranks,
+        env=deployment.server_env,
         llm_models=[deployment.llm_model_name],
     )
     try:

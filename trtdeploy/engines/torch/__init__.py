@@ -81,7 +81,8 @@ class TorchEngine(Engine):
             "cuda_graphs": str(point.device == "cuda").lower(),
             "cancellation_check_period_ms": 100,
         }
-        return {"parameters": parameters}
+        gpus = [group[0] for group in point.gpu_groups] if point.replicas > 1 else []
+        return {"parameters": parameters, "gpus": gpus}
 
     def versions(self) -> dict[str, str]:
         from importlib.metadata import PackageNotFoundError, version

@@ -78,6 +78,10 @@ class TrtllmEngine(Engine):
         recipe = Recipe.of(ctx)
         return [checkpoint_step(ctx, recipe), build_step(ctx, recipe), cleanup_step()]
 
+    def server_env(self, ctx: BuildContext) -> dict[str, str]:
+        # several instances of the model need the backend's orchestrator mode (it spawns each one's workers)
+        return {"TRTLLM_ORCHESTRATOR": "1"} if ctx.point.replicas > 1 else {}
+
     def input_names(self, ctx: BuildContext) -> dict[str, str]:
         return renamed(_family(ctx))
 
@@ -97,10 +101,13 @@ class TrtllmEngine(Engine):
             "enable_kv_cache_reuse": "false" if ctx.encoder_decoder else "true",
             "enable_chunked_context": "false" if ctx.encoder_decoder else "true",
         }
+        if point.replicas > 1:  # one instance per GPU group, each run by the orchestrator's spawned workers
+            parameters["gpu_device_ids"] = ";".join(",".join(map(str, group)) for group in point.gpu_groups)
         if ctx.encoder_decoder:
             parameters["encoder_model_path"] = ctx.engine_dir / "encoder"
             parameters["cross_kv_cache_fraction"] = CROSS_KV_CACHE_FRACTION
         return {
+            "instances": point.replicas,
             "family": family,
             "inputs": inputs(family, encoder_decoder=ctx.encoder_decoder),
             "outputs": OUTPUTS,
@@ -136,6 +143,12 @@ class TrtllmEngine(Engine):
             lines.append(
                 "examples path: examples/<model>/ up to 0.18, examples/models/core/<model>/ later; whether 0.19 "
                 "already has the new layout is unverified (the build names the script it cannot find)"
+            )
+        if point.replicas > 1:
+            lines.append(
+                f"{point.replicas} instances of the engine behind one endpoint, on GPUs "
+                f"{' / '.join(','.join(map(str, g)) for g in point.gpu_groups)} (gpu_device_ids), in the backend's "
+                "orchestrator mode (TRTLLM_ORCHESTRATOR=1: it spawns each instance's workers; no mpirun)"
             )
         if recipe.load_on_cpu:
             lines.append("--load_model_on_cpu: the 16-bit checkpoint does not fit one GPU while it is converted")

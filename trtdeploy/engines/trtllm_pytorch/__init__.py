@@ -81,6 +81,11 @@ class TrtllmPytorchEngine(Engine):
     def validate(self, ctx: BuildContext) -> None:
         if ctx.gpu_profile is None:
             raise UsageError("the trtllm_pytorch engine serves on GPUs", hint="pass --gpu NAME (trtdeploy gpus)")
+        if ctx.point.replicas > 1:
+            raise UsageError(
+                "the trtllm_pytorch engine runs one LLM per deployment",
+                hint="build one deployment per GPU group, or use --engine trtllm or torch for --replicas",
+            )
         if not (Path(ctx.llm_dir) / "config.json").is_file():
             return  # not downloaded yet: checked again after the download
         stored = checkpoint_precision(ctx.llm_dir)
@@ -114,7 +119,7 @@ class TrtllmPytorchEngine(Engine):
             "exclude_input_in_output": "true",
             "cancellation_check_period_ms": 100,
         }
-        return {"parameters": parameters}
+        return {"parameters": parameters, "gpus": []}
 
     def notes(self, ctx: BuildContext) -> list[str]:
         version = TrtllmVersion.parse(ctx.point.engine_version or LATEST_KNOWN, oldest=OLDEST, newest=None)

@@ -17,7 +17,7 @@ from ...errors import UsageError
 from ...hookspecs import hookimpl
 from ...spec import BuildContext
 from ..base import BuildStep, Engine
-from .commands import Recipe, build_step, checkpoint_step, cleanup_step
+from .commands import QFORMATS, Recipe, build_step, checkpoint_step, cleanup_step
 from .tensors import OUTPUTS, inputs, renamed
 from .versions import LATEST_KNOWN, TrtllmVersion, installed
 
@@ -130,7 +130,7 @@ class TrtllmEngine(Engine):
             "enable_chunked_context: prompts longer than max_num_tokens are prefilled in chunks instead of refused",
             "enable_kv_cache_reuse: requests sharing a prompt prefix reuse its KV blocks (needs paged context FMHA)",
             f"batch_scheduler_policy {SCHEDULER_POLICY}: a started request is never paused to make room",
-            "tokens_per_block left at the release's default (64 up to 0.1x, 32 later; uncertain per release)",
+            "tokens_per_block left at the release's default (32 in the sources checked, 64 in older releases)",
         ]
         if point.precision in ("fp8", "int4_awq", "int8_sq"):
             lines.append(
@@ -150,7 +150,12 @@ class TrtllmEngine(Engine):
                 f"{' / '.join(','.join(map(str, g)) for g in point.gpu_groups)} (gpu_device_ids), in the backend's "
                 "orchestrator mode (TRTLLM_ORCHESTRATOR=1: it spawns each instance's workers; no mpirun)"
             )
-        if recipe.load_on_cpu:
+        if point.world_size > 1 and point.replicas == 1:
+            lines.append(
+                f"serve runs {point.world_size} tritonserver ranks under mpirun (rank 0 serves the repository and "
+                "the ports; the others load only tensorrt_llm, endpoints off)"
+            )
+        if recipe.load_on_cpu and point.precision not in QFORMATS:
             lines.append("--load_model_on_cpu: the 16-bit checkpoint does not fit one GPU while it is converted")
         if version.config_family == "1.x":
             lines.append(

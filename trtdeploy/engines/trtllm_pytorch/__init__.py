@@ -67,6 +67,10 @@ class TrtllmPytorchEngine(Engine):
     def default_precision(self, device: str) -> str:
         return "bf16"
 
+    def versions(self) -> dict[str, str]:
+        found = installed()
+        return {"tensorrt_llm": found} if found else {}
+
     def resolve_version(self, requested: str | None, *, dry_run: bool) -> str | None:
         found = installed()
         target = requested or found or LATEST_KNOWN

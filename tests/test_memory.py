@@ -6,26 +6,7 @@ import pytest
 
 from trtdeploy.memory import ModelShape, estimate
 
-QWEN2_72B = {
-    "architectures": ["Qwen2ForCausalLM"],
-    "hidden_size": 8192,
-    "intermediate_size": 29568,
-    "num_hidden_layers": 80,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 8,
-    "vocab_size": 152064,
-    "tie_word_embeddings": False,
-}
-QWEN25_05B = {
-    "architectures": ["Qwen2ForCausalLM"],
-    "hidden_size": 896,
-    "intermediate_size": 4864,
-    "num_hidden_layers": 24,
-    "num_attention_heads": 14,
-    "num_key_value_heads": 2,
-    "vocab_size": 151936,
-    "tie_word_embeddings": True,
-}
+from .engines.trtllm_helpers import QWEN2_72B, QWEN25_05B
 
 
 @pytest.mark.parametrize(("config", "billions"), [(QWEN2_72B, 72.7), (QWEN25_05B, 0.494)])

@@ -4,7 +4,6 @@ config per backend family, the points it refuses, and engine reuse. No TensorRT-
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
@@ -22,26 +21,20 @@ from .trtllm_helpers import (
     check_golden,
     commands,
     plan,
+    real_sized,
     rendered_config,
-    with_config,
 )
 
 
 @pytest.fixture(scope="module")
 def qwen05b(trtdeploy_checkpoint, tmp_path_factory):
     """Qwen2.5-0.5B's config.json over a tiny random checkpoint."""
-    folder = tmp_path_factory.mktemp("qwen05b") / "Qwen2.5-0.5B"
-    shutil.copytree(trtdeploy_checkpoint("qwen_llm"), folder)
-    with_config(folder, QWEN25_05B)
-    return folder
+    return real_sized(trtdeploy_checkpoint, tmp_path_factory, "qwen_llm", QWEN25_05B)
 
 
 @pytest.fixture(scope="module")
 def qwen72b(trtdeploy_checkpoint, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("qwen72b") / "Qwen2-72B"
-    shutil.copytree(trtdeploy_checkpoint("qwen_llm"), folder)
-    with_config(folder, QWEN2_72B)
-    return folder
+    return real_sized(trtdeploy_checkpoint, tmp_path_factory, "qwen_llm", QWEN2_72B)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -150,10 +143,7 @@ def test_the_real_server_loads_every_model_that_does_not_need_the_tensorrtllm_ba
 @pytest.fixture(scope="module")
 def spark_checkpoint(trtdeploy_checkpoint, tmp_path_factory):
     """The Spark-TTS layout with the real LLM's config.json."""
-    folder = tmp_path_factory.mktemp("spark") / "Spark-TTS-0.5B"
-    shutil.copytree(trtdeploy_checkpoint("spark_tts"), folder)
-    with_config(folder / "LLM", SPARK_LLM)
-    return folder
+    return real_sized(trtdeploy_checkpoint, tmp_path_factory, "spark_tts", SPARK_LLM, llm_subfolder="LLM")
 
 
 def spark_plan(checkpoint, root, **changes) -> build.Plan:

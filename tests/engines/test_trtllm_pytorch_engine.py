@@ -19,7 +19,7 @@ from trtdeploy.engines.contract import NEVER_STOP, GenerationRequest, SamplingPa
 from trtdeploy.engines.trtllm_pytorch.llmapi import LlmApiGenerator, sampling_arguments
 from trtdeploy.errors import UsageError
 
-from .trtllm_helpers import QWEN25_05B, plan, with_config
+from .trtllm_helpers import QWEN25_05B, plan, real_sized
 
 END, PAD = 7, 0
 
@@ -131,10 +131,7 @@ def test_a_cancelled_request_is_aborted():
 
 @pytest.fixture(scope="module")
 def qwen05b(trtdeploy_checkpoint, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("qwen05b-pt") / "Qwen2.5-0.5B"
-    shutil.copytree(trtdeploy_checkpoint("qwen_llm"), folder)
-    with_config(folder, QWEN25_05B)
-    return folder
+    return real_sized(trtdeploy_checkpoint, tmp_path_factory, "qwen_llm", QWEN25_05B)
 
 
 def test_the_plan_has_no_build_step_and_renders_the_llm_api_settings(qwen05b, tmp_path):

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -51,6 +52,14 @@ def with_config(llm_dir: Path, config: dict) -> None:
     merged = {**json.loads(path.read_text()), **config}
     merged.pop("layer_types", None)  # per-layer lists of the tiny model: transformers re-derives them
     path.write_text(json.dumps(merged, indent=2))
+
+
+def real_sized(trtdeploy_checkpoint, tmp_path_factory, model: str, config: dict, llm_subfolder: str = "") -> Path:
+    """A copy of ``model``'s tiny test checkpoint whose LLM has ``config``'s sizes."""
+    folder = tmp_path_factory.mktemp(model) / "checkpoint"
+    shutil.copytree(trtdeploy_checkpoint(model), folder)
+    with_config(folder / llm_subfolder if llm_subfolder else folder, config)
+    return folder
 
 
 def plan(checkpoint: Path, root: Path, **changes) -> build.Plan:

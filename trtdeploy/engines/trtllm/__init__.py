@@ -16,10 +16,10 @@ from typing import Any
 from ...errors import UsageError
 from ...hookspecs import hookimpl
 from ...spec import BuildContext
-from ..base import BuildStep, Engine
+from ..base import BuildStep
 from .commands import QFORMATS, Recipe, build_step, checkpoint_step, cleanup_step
 from .tensors import OUTPUTS, inputs, renamed
-from .versions import LATEST_KNOWN, TrtllmVersion, installed
+from .versions import TensorRTLLMEngine
 
 TEMPLATES = Path(__file__).parent / "templates"
 #: The runtime scheduler never pauses a started request (no eviction), so streams keep their pace.
@@ -28,11 +28,7 @@ SCHEDULER_POLICY = "guaranteed_no_evict"
 CROSS_KV_CACHE_FRACTION = 0.5
 
 
-def _family(ctx: BuildContext) -> str:
-    return TrtllmVersion.parse(ctx.point.engine_version or LATEST_KNOWN).config_family
-
-
-class TrtllmEngine(Engine):
+class TrtllmEngine(TensorRTLLMEngine):
     """TensorRT-LLM engines (convert/quantize + trtllm-build) behind NVIDIA's ``tensorrtllm`` Triton backend."""
 
     name = "trtllm"
@@ -49,31 +45,10 @@ class TrtllmEngine(Engine):
             return "trtllm-build is not on PATH"
         return None
 
-    def default_precision(self, device: str) -> str:
-        return "bf16"
-
-    def versions(self) -> dict[str, str]:
-        found = installed()
-        return {"tensorrt_llm": found} if found else {}
-
-    def resolve_version(self, requested: str | None, *, dry_run: bool) -> str | None:
-        found = installed()
-        if requested is not None:
-            target = TrtllmVersion.parse(requested)
-            if found and not dry_run and TrtllmVersion.parse(found) != target:
-                raise UsageError(
-                    f"--trtllm-version {requested} differs from the installed TensorRT-LLM {found}",
-                    hint="engines run only under the release that built them: drop the flag, or use --dry-run",
-                )
-            return target.text
-        if found:
-            return TrtllmVersion.parse(found).text
-        return LATEST_KNOWN  # a dry run without TensorRT-LLM here (a real build stops earlier)
-
     def validate(self, ctx: BuildContext) -> None:
         if ctx.gpu_profile is None:
             raise UsageError("the trtllm engine builds for a GPU", hint="pass --gpu NAME (trtdeploy gpus lists them)")
-        version = TrtllmVersion.parse(ctx.point.engine_version or LATEST_KNOWN)
+        version = self.release(ctx)
         if ctx.point.precision == "fp8" and ctx.gpu_profile.compute_capability >= (12, 0) and version.line < (0, 19):
             raise UsageError(f"fp8 on {ctx.gpu_profile.name} (SM120) needs TensorRT-LLM 0.19 or newer")
         Recipe.of(ctx)  # an architecture without a converter is refused here
@@ -87,11 +62,11 @@ class TrtllmEngine(Engine):
         return {"TRTLLM_ORCHESTRATOR": "1"} if ctx.point.replicas > 1 else {}
 
     def input_names(self, ctx: BuildContext) -> dict[str, str]:
-        return renamed(_family(ctx))
+        return renamed(self.release(ctx).config_family)
 
     def template_context(self, ctx: BuildContext) -> dict[str, Any]:
         point, profile = ctx.point, ctx.gpu_profile
-        family = _family(ctx)
+        family = self.release(ctx).config_family
         parameters: dict[str, Any] = {
             "max_beam_width": 1,
             "FORCE_CPU_ONLY_INPUT_TENSORS": "no",

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
 from ...errors import UsageError
+from ...spec import BuildContext
+from ..base import Engine
 
 OLDEST = (0, 17)
 NEWEST = (1, 2)
@@ -113,3 +115,37 @@ def installed() -> str | None:
             return version("tensorrt-llm")
         except PackageNotFoundError:
             return None
+
+
+class TensorRTLLMEngine(Engine):
+    """What the engines on TensorRT-LLM share: the release they plan for (installed, or ``--trtllm-version``)."""
+
+    #: The release lines this engine supports (``newest`` None: no upper bound).
+    oldest: tuple[int, int] = OLDEST
+    newest: tuple[int, int] | None = NEWEST
+
+    def default_precision(self, device: str) -> str:
+        return "bf16"
+
+    def versions(self) -> dict[str, str]:
+        found = installed()
+        return {"tensorrt_llm": found} if found else {}
+
+    def resolve_version(self, requested: str | None, *, dry_run: bool) -> str | None:
+        """``--trtllm-version`` (a real build only when it is the installed one), the installed release, or for a
+        dry run without TensorRT-LLM here the newest release we know."""
+        found = installed()
+        target = self.release_of(requested or found or LATEST_KNOWN)
+        if requested and found and not dry_run and TrtllmVersion.parse(found, newest=None) != target:
+            raise UsageError(
+                f"--trtllm-version {requested} differs from the installed TensorRT-LLM {found}",
+                hint="engines run only under the release that built them: drop the flag, or use --dry-run",
+            )
+        return target.text
+
+    def release_of(self, text: str) -> TrtllmVersion:
+        return TrtllmVersion.parse(text, oldest=self.oldest, newest=self.newest)
+
+    def release(self, ctx: BuildContext) -> TrtllmVersion:
+        """The release a build point targets."""
+        return self.release_of(ctx.point.engine_version or LATEST_KNOWN)

@@ -15,8 +15,8 @@ from typing import Any
 from ...errors import UsageError
 from ...hookspecs import hookimpl
 from ...spec import BuildContext
-from ..base import PYTHON_TEMPLATES, Engine
-from ..trtllm.versions import LATEST_KNOWN, TrtllmVersion, installed
+from ..base import PYTHON_TEMPLATES
+from ..trtllm.versions import TensorRTLLMEngine, TrtllmVersion, installed
 
 OLDEST = (1, 0)
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
@@ -47,7 +47,7 @@ def checkpoint_precision(model_dir: Path) -> str | None:
     return QUANT_ALGOS.get(str(algo).upper(), str(algo).lower())
 
 
-class TrtllmPytorchEngine(Engine):
+class TrtllmPytorchEngine(TensorRTLLMEngine):
     """TensorRT-LLM's LLM API (PyTorch backend) in trtdeploy's Triton python model."""
 
     name = "trtllm_pytorch"
@@ -55,6 +55,8 @@ class TrtllmPytorchEngine(Engine):
     precisions = ("bf16", "fp16", "fp8", "nvfp4", "int4_awq", "int8_sq")
     templates_dir = PYTHON_TEMPLATES
     rank = 20
+    oldest = OLDEST
+    newest = None
 
     def unavailable_reason(self) -> str | None:
         found = installed()
@@ -63,24 +65,6 @@ class TrtllmPytorchEngine(Engine):
         if TrtllmVersion.parse(found, newest=None).line < OLDEST:
             return f"TensorRT-LLM {found} predates the PyTorch backend's LLM API (1.0)"
         return None
-
-    def default_precision(self, device: str) -> str:
-        return "bf16"
-
-    def versions(self) -> dict[str, str]:
-        found = installed()
-        return {"tensorrt_llm": found} if found else {}
-
-    def resolve_version(self, requested: str | None, *, dry_run: bool) -> str | None:
-        found = installed()
-        target = requested or found or LATEST_KNOWN
-        version = TrtllmVersion.parse(target, oldest=OLDEST, newest=None)
-        if requested and found and not dry_run and TrtllmVersion.parse(found, newest=None) != version:
-            raise UsageError(
-                f"--trtllm-version {requested} differs from the installed TensorRT-LLM {found}",
-                hint="drop the flag, or use --dry-run to plan for another release",
-            )
-        return version.text
 
     def validate(self, ctx: BuildContext) -> None:
         if ctx.gpu_profile is None:
@@ -126,7 +110,7 @@ class TrtllmPytorchEngine(Engine):
         return {"parameters": parameters, "gpus": []}
 
     def notes(self, ctx: BuildContext) -> list[str]:
-        version = TrtllmVersion.parse(ctx.point.engine_version or LATEST_KNOWN, oldest=OLDEST, newest=None)
+        version = self.release(ctx)
         image, exact = version.triton_image
         return [
             f"TensorRT-LLM {version.text} (PyTorch backend): serve inside {image}"

@@ -117,6 +117,7 @@ def test_an_interrupted_build_is_marked_failed(qwen_checkpoint, tmp_path, monkey
         ({"precision": "int3"}, UsageError, "cannot build precision 'int3'"),
         ({"mode": "sideways"}, UsageError, "no 'sideways' mode"),
         ({"max_batch_size": 0}, UsageError, "--max-batch-size must be >= 1"),
+        ({"max_num_tokens": 0}, UsageError, "--max-num-tokens must be >= 1, got 0"),
         ({"options": {"colour": "red"}}, UsageError, "unknown option 'colour'"),
         ({"options": {"chat_template": "maybe"}}, UsageError, "not a valid bool"),
         ({"gpu": "V100"}, UsageError, "unknown GPU 'V100'"),

@@ -76,8 +76,6 @@ class Plan:
     steps: list[BuildStep]
     templates: list[TemplateSource]
     notes: list[str] = field(default_factory=list)
-    #: What was asked for (set by :func:`plan`).
-    request: BuildRequest | None = None
 
     @property
     def deployment_dir(self) -> Path:
@@ -142,8 +140,11 @@ def plan(request: BuildRequest, *, dry_run: bool = False) -> Plan:
     max_batch_size = request.max_batch_size
     if max_batch_size is None:
         max_batch_size = defaults.max_batch_size if defaults else 8
-    checks = (("--max-batch-size", max_batch_size), ("--tp", request.tp), ("--pp", request.pp))
-    for flag, value in (*checks, ("--replicas", request.replicas)):
+    max_num_tokens = request.max_num_tokens
+    if max_num_tokens is None:
+        max_num_tokens = defaults.max_num_tokens if defaults else gpus.DEFAULT_MAX_NUM_TOKENS
+    checks = (("--max-batch-size", max_batch_size), ("--max-num-tokens", max_num_tokens))
+    for flag, value in (*checks, ("--tp", request.tp), ("--pp", request.pp), ("--replicas", request.replicas)):
         if value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}")
     device = "cpu" if profile is None else "cuda"
@@ -172,7 +173,7 @@ def plan(request: BuildRequest, *, dry_run: bool = False) -> Plan:
         tp=request.tp,
         pp=request.pp,
         options=tuple(sorted(options.items())),
-        max_num_tokens=request.max_num_tokens or (defaults.max_num_tokens if defaults else None),
+        max_num_tokens=max_num_tokens,
         engine_version=engine.resolve_version(request.engine_version, dry_run=dry_run),
         variant=request.variant,
         replicas=request.replicas,
@@ -199,9 +200,7 @@ def plan(request: BuildRequest, *, dry_run: bool = False) -> Plan:
         gpu_count=selection.count,
     )
     engine.validate(context)  # before a download only what is known: the checkpoint's config is checked after it
-    built = _assemble(spec, engine, context, source, request.revision)
-    built.request = request
-    return built
+    return _assemble(spec, engine, context, source, request.revision)
 
 
 def _check_gpus(point: BuildPoint, selection: gpus.GpuSelection, dry_run: bool) -> None:
@@ -241,7 +240,7 @@ def memory_estimate(context: BuildContext) -> MemoryEstimate | None:
         precision=point.precision,
         max_batch_size=point.max_batch_size,
         max_seq_len=point.max_seq_len,
-        max_num_tokens=point.max_num_tokens or 8192,
+        max_num_tokens=point.max_num_tokens,
         memory_gib=profile.memory_gib,
         tp=point.tp,
         pp=point.pp,
@@ -340,8 +339,12 @@ def _versions(built: Plan) -> dict[str, str]:
 
 
 def run(request: BuildRequest, *, force: bool = False, on_step: Callable[[str], None] = lambda _: None) -> BuildResult:
-    """Run a build: fetch the checkpoint, run the engine's steps, render and validate the model repository."""
-    built = plan(request)
+    """Plan and run a build: fetch the checkpoint, run the engine's steps, render and validate the repository."""
+    return execute(plan(request), force=force, on_step=on_step)
+
+
+def execute(built: Plan, *, force: bool = False, on_step: Callable[[str], None] = lambda _: None) -> BuildResult:
+    """Run a build that :func:`plan` made (not for a dry run's plan)."""
     if built.source is None:
         on_step(f"download {built.repo_id}")
         checkpoint = download(built.repo_id, revision=built.revision)
@@ -396,26 +399,25 @@ def engine_key(built: Plan) -> str | None:
     return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _reusable_engines(final: Path, key: str | None) -> Path | None:
-    """The engines folder of the complete deployment at ``final`` when it was built from the same engine inputs."""
-    if key is None:
-        return None
+def _complete_manifest(final: Path) -> dict[str, Any]:
+    """The manifest of the complete deployment at ``final`` ({} when there is none, or it is not complete)."""
     try:
         manifest = json.loads((final / MANIFEST).read_text())
     except (OSError, json.JSONDecodeError):
-        return None
+        return {}
+    return manifest if isinstance(manifest, dict) and manifest.get("status") == COMPLETE else {}
+
+
+def _reusable_engines(final: Path, key: str | None) -> Path | None:
+    """The engines folder of the complete deployment at ``final`` when it was built from the same engine inputs."""
     engines = final / "engines"
-    if manifest.get("status") == COMPLETE and manifest.get("engine_key") == key and engines.is_dir():
+    if key is not None and _complete_manifest(final).get("engine_key") == key and engines.is_dir():
         return engines
     return None
 
 
 def _is_up_to_date(final: Path, digest: str) -> bool:
-    try:
-        manifest = json.loads((final / MANIFEST).read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
-    return manifest.get("status") == COMPLETE and manifest.get("hash") == digest
+    return _complete_manifest(final).get("hash") == digest
 
 
 def _remove_stale_scratch(final: Path) -> None:

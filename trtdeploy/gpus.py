@@ -24,6 +24,10 @@ PRECISION_MIN_SM: dict[str, tuple[int, int]] = {
 }
 
 
+#: Tokens per engine step where no GPU profile sets it (the CPU): TensorRT-LLM's own default.
+DEFAULT_MAX_NUM_TOKENS = 8192
+
+
 @dataclass(frozen=True)
 class GpuDefaults:
     """Build and runtime settings that fit a GPU's memory, used where the user gives none."""
@@ -37,9 +41,9 @@ class GpuDefaults:
     @classmethod
     def for_memory(cls, memory_gib: int) -> GpuDefaults:
         if memory_gib <= 24:
-            return cls(16, 0.8, 8192)
+            return cls(16, 0.8, DEFAULT_MAX_NUM_TOKENS)
         if memory_gib <= 48:
-            return cls(32, 0.85, 8192)
+            return cls(32, 0.85, DEFAULT_MAX_NUM_TOKENS)
         if memory_gib <= 96:
             return cls(64, 0.9, 16384)
         return cls(128, 0.9, 16384)

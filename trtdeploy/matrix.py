@@ -58,7 +58,11 @@ def parse_lengths(text: str) -> tuple[tuple[int, int], ...]:
 @dataclass(frozen=True)
 class Rejected:
     request: BuildRequest
-    reason: str
+    error: TrtDeployError
+
+    @property
+    def reason(self) -> str:
+        return self.error.message
 
     @property
     def label(self) -> str:
@@ -67,15 +71,26 @@ class Rejected:
         return f"{r.precision or 'default precision'} bs{r.max_batch_size or '-'} tp{r.tp}pp{r.pp} {lengths}"
 
 
-def plan_all(requests: list[BuildRequest], *, dry_run: bool = False) -> tuple[list[Plan], list[Rejected]]:
-    """Plan every point; the ones that cannot be built come back with their one-line reasons."""
+def plan_all(
+    requests: list[BuildRequest], *, dry_run: bool = False, skip_invalid: bool = False
+) -> tuple[list[Plan], list[Rejected]]:
+    """Plan every point. A single point's error is raised as it is; in a matrix every point that cannot be built is
+    listed in one UsageError, or, with ``skip_invalid``, returned beside the plans of the others."""
     plans: list[Plan] = []
     rejected: list[Rejected] = []
     for request in requests:
         try:
             plans.append(plan(request, dry_run=dry_run))
         except TrtDeployError as exc:
-            rejected.append(Rejected(request, exc.message))
+            rejected.append(Rejected(request, exc))
     if not plans and not rejected:
         raise UsageError("the matrix has no points")
+    if rejected and len(requests) == 1:
+        raise rejected[0].error
+    if rejected and not skip_invalid:
+        raise UsageError(
+            f"{len(rejected)} of {len(requests)} matrix points cannot be built (nothing was built)",
+            hint="fix or drop them, or pass --skip-invalid to build the rest",
+            details="\n".join(f"  {r.label}: {r.reason}" for r in rejected),
+        )
     return plans, rejected

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from .backend_utils import FALSE_WORDS, TRUE_WORDS
 from .errors import UsageError
+from .gpus import DEFAULT_MAX_NUM_TOKENS
 
 if TYPE_CHECKING:
     from .deployment import Deployment
@@ -35,8 +36,8 @@ class BuildPoint:
     tp: int = 1
     pp: int = 1
     options: tuple[tuple[str, Any], ...] = ()
-    #: Tokens one engine step may process (None: the engine's own default).
-    max_num_tokens: int | None = None
+    #: Tokens one engine step may process.
+    max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS
     #: The version of the engine's toolkit the build targets (TensorRT-LLM's for the trtllm engines), if any.
     engine_version: str | None = None
     #: Appended to the folder name where points differ by more than the name says (a matrix over lengths).
@@ -55,6 +56,11 @@ class BuildPoint:
     @property
     def world_size(self) -> int:
         return self.tp * self.pp
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        """KV-cache tokens for every sequence of the batch at full length: what the point can ever use."""
+        return self.max_batch_size * self.max_seq_len
 
     @property
     def gpus_needed(self) -> int:

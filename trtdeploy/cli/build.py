@@ -94,15 +94,7 @@ def build(
         lengths=parse_lengths(isl_osl) if isl_osl else ((None, None),),
     )
     requests = grid.points(base)
-    plans, rejected = plan_all(requests, dry_run=dry_run)
-    if rejected and len(requests) == 1:
-        builder.plan(requests[0], dry_run=dry_run)  # raises the point's own error, hint included
-    if rejected and not skip_invalid:
-        raise UsageError(
-            f"{len(rejected)} of {len(requests)} matrix points cannot be built (nothing was built)",
-            hint="fix or drop them, or pass --skip-invalid to build the rest",
-            details="\n".join(f"  {r.label}: {r.reason}" for r in rejected),
-        )
+    plans, rejected = plan_all(requests, dry_run=dry_run, skip_invalid=skip_invalid)
     for item in rejected:
         warn(f"skipped {item.label}: {item.reason}")
     if dry_run:
@@ -135,7 +127,7 @@ def _build_one(found: builder.Plan, force: bool, number: int, total: int) -> dic
     started = time.monotonic()
     prefix = f"[{number}/{total}] {found.point.name}: " if total > 1 else ""
     with err.status(f"{prefix}building ...") as status:
-        result = builder.run(_request_of(found), force=force, on_step=lambda text: status.update(f"{prefix}{text} ..."))
+        result = builder.execute(found, force=force, on_step=lambda text: status.update(f"{prefix}{text} ..."))
     deployment = result.deployment
     return {
         "deployment": str(deployment.path),
@@ -144,11 +136,6 @@ def _build_one(found: builder.Plan, force: bool, number: int, total: int) -> dic
         "triton_models": deployment.models,
         "seconds": round(time.monotonic() - started, 2),
     }
-
-
-def _request_of(found: builder.Plan) -> builder.BuildRequest:
-    assert found.request is not None
-    return found.request
 
 
 def _print_plan(plan: dict) -> None:

@@ -173,7 +173,7 @@ class SparkTTS(ModelSpec):
             )
         if point.engine == "trtllm":
             lines.append(
-                f"KV-cache pool of {point.max_batch_size * point.max_seq_len} tokens (max_batch_size x max_seq_len): "
+                f"KV-cache pool of {point.kv_cache_tokens} tokens (max_batch_size x max_seq_len): "
                 "the official config caps it at 2560 tokens with kv_cache_free_gpu_mem_fraction 0.5, room for two "
                 "long requests at a time, whatever the batch size"
             )

@@ -76,7 +76,7 @@ class TorchEngine(Engine):
             "max_slots": point.max_batch_size,
             "max_input_len": ctx.llm_max_input_len,
             "max_seq_len": point.max_seq_len,
-            "max_num_tokens": max(point.max_num_tokens or 8192, ctx.llm_max_input_len),
+            "max_num_tokens": max(point.max_num_tokens, ctx.llm_max_input_len),
             "exclude_input_in_output": "true",
             "cuda_graphs": str(point.device == "cuda").lower(),
             "cancellation_check_period_ms": 100,

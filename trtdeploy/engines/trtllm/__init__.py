@@ -65,7 +65,7 @@ class TrtllmEngine(TensorRTLLMEngine):
         return renamed(self.release(ctx).config_family)
 
     def template_context(self, ctx: BuildContext) -> dict[str, Any]:
-        point, profile = ctx.point, ctx.gpu_profile
+        point = ctx.point
         family = self.release(ctx).config_family
         parameters: dict[str, Any] = {
             "max_beam_width": 1,
@@ -73,9 +73,7 @@ class TrtllmEngine(TensorRTLLMEngine):
             "gpt_model_type": "inflight_fused_batching",
             "gpt_model_path": ctx.engine_dir,
             "batch_scheduler_policy": SCHEDULER_POLICY,
-            "kv_cache_free_gpu_mem_fraction": profile.defaults.kv_cache_free_gpu_mem_fraction if profile else 0.9,
-            # every sequence of the batch at full length: the pool never grows past what the point can use
-            "max_tokens_in_paged_kv_cache": point.max_batch_size * point.max_seq_len,
+            **self.kv_cache_parameters(ctx),
             "exclude_input_in_output": "true",
             "enable_kv_cache_reuse": "false" if ctx.encoder_decoder else "true",
             "enable_chunked_context": "false" if ctx.encoder_decoder else "true",
@@ -103,7 +101,7 @@ class TrtllmEngine(TensorRTLLMEngine):
             f"engines are bound to TensorRT-LLM {version.text} and {point.gpu} "
             f"({ctx.gpu_profile.sm if ctx.gpu_profile else '?'}): the manifest records both, a change rebuilds",
             f"max_input_len {ctx.llm_max_input_len}: trtllm-build's default 1024 would refuse longer prompts",
-            f"max_tokens_in_paged_kv_cache {point.max_batch_size * point.max_seq_len} = max_batch_size x "
+            f"max_tokens_in_paged_kv_cache {point.kv_cache_tokens} = max_batch_size x "
             f"max_seq_len: every sequence of the batch can reach full length, and the pool takes no more memory "
             f"than that (kv_cache_free_gpu_mem_fraction is the upper bound)",
             "enable_chunked_context: prompts longer than max_num_tokens are prefilled in chunks instead of refused",

@@ -128,7 +128,7 @@ def build_step(ctx: BuildContext, recipe: Recipe) -> BuildStep:
         "--max_batch_size", str(point.max_batch_size),
         "--max_input_len", str(ctx.llm_max_input_len),
         "--max_seq_len", str(point.max_seq_len),
-        "--max_num_tokens", str(point.max_num_tokens or 8192),
+        "--max_num_tokens", str(point.max_num_tokens),
         "--max_beam_width", "1",
         "--kv_cache_type", "paged",
         "--gpt_attention_plugin", "auto",

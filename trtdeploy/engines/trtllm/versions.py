@@ -10,6 +10,7 @@ import importlib.util
 import re
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from ...errors import UsageError
 from ...spec import BuildContext
@@ -142,6 +143,14 @@ class TensorRTLLMEngine(Engine):
                 hint="engines run only under the release that built them: drop the flag, or use --dry-run",
             )
         return target.text
+
+    def kv_cache_parameters(self, ctx: BuildContext) -> dict[str, Any]:
+        """The KV-cache pool: the GPU profile's share of free memory, and never more than the point can use."""
+        assert ctx.gpu_profile is not None  # validate() refuses CPU builds
+        return {
+            "kv_cache_free_gpu_mem_fraction": ctx.gpu_profile.defaults.kv_cache_free_gpu_mem_fraction,
+            "max_tokens_in_paged_kv_cache": ctx.point.kv_cache_tokens,
+        }
 
     def release_of(self, text: str) -> TrtllmVersion:
         return TrtllmVersion.parse(text, oldest=self.oldest, newest=self.newest)

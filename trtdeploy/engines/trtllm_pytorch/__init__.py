@@ -90,7 +90,7 @@ class TrtllmPytorchEngine(TensorRTLLMEngine):
             )
 
     def template_context(self, ctx: BuildContext) -> dict[str, Any]:
-        point, profile = ctx.point, ctx.gpu_profile
+        point = ctx.point
         parameters = {
             "generator_factory": "trtdeploy.engines.trtllm_pytorch.llmapi:load_from_parameters",
             "hf_model_dir": ctx.llm_dir,
@@ -100,9 +100,8 @@ class TrtllmPytorchEngine(TensorRTLLMEngine):
             "max_batch_size": point.max_batch_size,
             "max_input_len": ctx.llm_max_input_len,
             "max_seq_len": point.max_seq_len,
-            "max_num_tokens": point.max_num_tokens or 8192,
-            "kv_cache_free_gpu_mem_fraction": profile.defaults.kv_cache_free_gpu_mem_fraction if profile else 0.9,
-            "max_tokens_in_paged_kv_cache": point.max_batch_size * point.max_seq_len,
+            "max_num_tokens": point.max_num_tokens,
+            **self.kv_cache_parameters(ctx),
             "enable_kv_cache_reuse": "true",
             "exclude_input_in_output": "true",
             "cancellation_check_period_ms": 100,

@@ -31,6 +31,15 @@ RUNTIME_OVERHEAD_GIB = 1.5
 USABLE_SHARE = 0.95
 
 
+def read_config(model_dir: Path) -> dict | None:
+    """A checkpoint's ``config.json``, or None when it is missing or unreadable (not downloaded yet)."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """The sizes of a decoder-only transformer that decide its memory."""
@@ -65,9 +74,10 @@ class ModelShape:
     @classmethod
     def read(cls, model_dir: Path) -> ModelShape | None:
         """The shape of the checkpoint in ``model_dir``, or None when it has no readable config.json."""
+        config = read_config(model_dir)
         try:
-            return cls.from_config(json.loads((Path(model_dir) / "config.json").read_text()))
-        except (OSError, ValueError, KeyError, TypeError):
+            return None if config is None else cls.from_config(config)
+        except (KeyError, TypeError):
             return None
 
     @property

@@ -8,7 +8,6 @@ image of the same release (engines do not move between releases or GPU architect
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from ...spec import BuildContext
 from ..base import BuildStep
 from .commands import QFORMATS, Recipe, build_step, checkpoint_step, cleanup_step
 from .tensors import OUTPUTS, inputs, renamed
-from .versions import TensorRTLLMEngine
+from .versions import TensorRTLLMEngine, installed
 
 TEMPLATES = Path(__file__).parent / "templates"
 #: The runtime scheduler never pauses a started request (no eviction), so streams keep their pace.
@@ -39,7 +38,7 @@ class TrtllmEngine(TensorRTLLMEngine):
     launches_ranks = True
 
     def unavailable_reason(self) -> str | None:
-        if importlib.util.find_spec("tensorrt_llm") is None:
+        if installed() is None:
             return "tensorrt_llm is not installed (build inside the NGC -trtllm-python-py3 image: see the Dockerfile)"
         if shutil.which("trtllm-build") is None:
             return "trtllm-build is not on PATH"

@@ -6,14 +6,13 @@ TRT-LLM checkpoint sharded for TP x PP; ``trtllm-build`` turns it into one engin
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import UsageError
-from ...memory import ModelShape
+from ...memory import ModelShape, read_config
 from ...spec import BuildContext
 from ..base import BuildStep
 from .versions import TrtllmVersion
@@ -40,7 +39,7 @@ def examples_dir() -> str:
 
 @dataclass(frozen=True)
 class Recipe:
-    """What one build point needs from TensorRT-LLM, derived once and shared by the steps, config and notes."""
+    """What one build point needs from TensorRT-LLM, derived from its context and the checkpoint's config.json."""
 
     version: TrtllmVersion
     family: str
@@ -52,7 +51,7 @@ class Recipe:
     def of(cls, ctx: BuildContext) -> Recipe:
         point = ctx.point
         assert point.engine_version is not None
-        config = _read_config(ctx.llm_dir)
+        config = read_config(ctx.llm_dir)
         architectures = (config or {}).get("architectures") or []
         family = FAMILIES.get(architectures[0]) if architectures else "qwen"  # unknown before the download
         if family is None:
@@ -71,7 +70,7 @@ class Recipe:
         # converters load the Hugging Face model on one GPU unless told otherwise
         load_on_cpu = bool(shape and profile and shape.params * 2 > profile.memory_gib * 0.8 * 2**30)
         return cls(
-            version=_version(point.engine_version),
+            version=TrtllmVersion.parse(point.engine_version),
             family=family,
             dtype=dtype,
             kv_cache_dtype="fp8" if point.precision == "fp8" else None,
@@ -81,17 +80,6 @@ class Recipe:
     @property
     def script_dir(self) -> str:
         return f"{examples_dir()}/{self.version.examples_layout}{self.family}"
-
-
-def _version(text: str) -> TrtllmVersion:
-    return TrtllmVersion.parse(text)
-
-
-def _read_config(model_dir: Path) -> dict | None:
-    try:
-        return json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def checkpoint_step(ctx: BuildContext, recipe: Recipe) -> BuildStep:

@@ -14,6 +14,7 @@ from typing import Any
 
 from ...errors import UsageError
 from ...hookspecs import hookimpl
+from ...memory import read_config
 from ...spec import BuildContext
 from ..base import PYTHON_TEMPLATES
 from ..trtllm.versions import TensorRTLLMEngine, TrtllmVersion, installed
@@ -37,10 +38,7 @@ def checkpoint_precision(model_dir: Path) -> str | None:
         exported = json.loads((folder / "hf_quant_config.json").read_text())
         algo = (exported.get("quantization") or {}).get("quant_algo")
     except (OSError, ValueError):
-        try:
-            config = json.loads((folder / "config.json").read_text()).get("quantization_config") or {}
-        except (OSError, ValueError):
-            return None
+        config = (read_config(folder) or {}).get("quantization_config") or {}
         algo = config.get("quant_algo") if config.get("quant_method") == "modelopt" else None
     if algo is None:
         return None

@@ -447,9 +447,8 @@ def server_command(
 
     def rank_args(rank: int) -> list[str]:
         prefix = f"{shm_prefix}rank{rank}_" if world_size > 1 else shm_prefix
-        args = [
-            str(binary.path),
-            f"--model-repository={model_repo}",
+        head = [str(binary.path), f"--model-repository={model_repo}"]
+        tail = [
             f"--backend-config=python,shm-region-prefix-name={prefix}",
             "--disable-auto-complete-config",
             f"--exit-timeout-secs={EXIT_TIMEOUT}",
@@ -463,10 +462,10 @@ def server_command(
                 "--strict-readiness=true",
                 "--exit-on-error=true",
             ]
-            return [*args[:2], *ports_and_checks, *args[2:], *extra_args]
+            return [*head, *ports_and_checks, *tail, *extra_args]
         loads = [f"--load-model={name}" for name in llm_models]
         quiet = ["--allow-http=false", "--allow-grpc=false", "--allow-metrics=false"]
-        return [*args[:2], "--model-control-mode=explicit", *loads, *quiet, *args[2:]]
+        return [*head, "--model-control-mode=explicit", *loads, *quiet, *tail]
 
     if world_size <= 1:
         return rank_args(0)

@@ -175,6 +175,7 @@ def test_concurrency_four_streams(server):
         (lambda: tts_inputs(voice(1.0), target=b"caf\xe9"), "'target_text' is not valid UTF-8"),
         (lambda: tts_inputs(voice(1.0), max_tokens=(401, "INT32")), "max_tokens 401 is outside 1..400"),
         (lambda: tts_inputs(np.full(800, np.nan, np.float32)), "reference_wav holds NaN"),
+        (lambda: tts_inputs(np.zeros(0, np.float32)), r"the reference audio is empty \(0 samples\): send the voice"),
         (lambda: tts_inputs(voice(1.0), top_p=(1.5, "FP32")), "top_p 1.5 is out of range"),
     ],
 )
@@ -191,6 +192,10 @@ def test_a_prompt_longer_than_max_input_len_is_refused_before_the_llm(server):
     long_text = " ".join(["speech"] * 400).encode()
     with pytest.raises(InferenceServerException, match="more than this deployment's max_input_len 1024: use at most"):
         offline(server.grpc_url, "spark_tts_offline", tts_inputs(voice(14.0), target=long_text))
+    # a text that alone fills the prompt: no length of reference audio would do, so the text is what is named
+    longer_text = " ".join(["speech"] * 1100).encode()
+    with pytest.raises(InferenceServerException, match="the texts alone make a prompt of .* shorten the target text"):
+        offline(server.grpc_url, "spark_tts_offline", tts_inputs(voice(1.0), target=longer_text))
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,10 @@ def reference_wav(request, max_samples: int) -> np.ndarray:
         raise ValueError("input 'reference_wav' is missing")
     wav = tensor.as_numpy().reshape(-1)
     length = int(optional_scalar(request, "reference_wav_len", wav.size))
+    if wav.size == 0 or length == 0:
+        raise ValueError(
+            "the reference audio is empty (0 samples): send the voice to clone, a few seconds of speech at 16 kHz"
+        )
     if not 0 < length <= wav.size:
         raise ValueError(f"reference_wav_len {length} does not fit reference_wav of {wav.size} samples")
     if length > max_samples:

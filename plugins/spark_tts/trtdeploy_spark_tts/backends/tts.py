@@ -185,7 +185,7 @@ class TritonPythonModel:
         with_transcript = bool(job.reference_text.strip())
         text_ids = self.codec.text_ids(job.reference_text if with_transcript else "", job.target_text)
         expected = semantic_tokens_for(job.wav.size) if with_transcript else None
-        self._check_prompt_length(self.codec.prompt_length(text_ids, expected), job)
+        self._check_prompt_length(self.codec.prompt_length(text_ids, expected), expected or 0, job)
         response = _call(
             "audio_tokenizer",
             [_tensor("reference_wav", job.wav, np.float32), _tensor("reference_wav_len", [job.wav.size], np.int32)],
@@ -194,14 +194,23 @@ class TritonPythonModel:
         global_codes = pb_utils.get_output_tensor_by_name(response, "global_tokens").as_numpy().reshape(-1)
         semantic = pb_utils.get_output_tensor_by_name(response, "semantic_tokens").as_numpy().reshape(-1)
         prompt = self.codec.prompt_ids(text_ids, global_codes, semantic if with_transcript else None)
-        self._check_prompt_length(prompt.size, job)
+        self._check_prompt_length(prompt.size, semantic.size if with_transcript else 0, job)
         return global_codes, prompt
 
-    def _check_prompt_length(self, length: int, job: Synthesis) -> None:
+    def _check_prompt_length(self, length: int, audio_tokens: int, job: Synthesis) -> None:
+        """RequestError naming what to shorten when a prompt of ``length`` tokens (``audio_tokens`` of them the
+        reference audio's) does not fit."""
         if length <= self.max_input_len:
             return
         seconds = job.wav.size / SAMPLE_RATE
-        room = max(0, self.max_input_len - (length - semantic_tokens_for(job.wav.size))) / TOKENS_PER_SECOND
+        without_audio = length - audio_tokens
+        if without_audio >= self.max_input_len:  # no length of reference audio would fit: the text is too long
+            raise RequestError(
+                f"the texts alone make a prompt of {without_audio} tokens, at least this deployment's max_input_len "
+                f"{self.max_input_len}: shorten the target text (or split it across requests), or build with a "
+                "larger --max-input-len"
+            )
+        room = (self.max_input_len - without_audio) / TOKENS_PER_SECOND
         raise RequestError(
             f"the prompt is {length} tokens ({seconds:.1f} s of reference audio at {TOKENS_PER_SECOND} tokens/s, "
             f"plus the texts), more than this deployment's max_input_len {self.max_input_len}: use at most "

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
+from trtdeploy.perf.control import ControlClient
 from trtdeploy.perf.runner import Endpoint, LoadSettings, run_levels
 from trtdeploy.perf.stats import server_delta, snapshot
-from trtdeploy.perf.transports import ControlClient
 from trtdeploy.perf.workload import Chunk, InputRow, ModelInfo, Request, RequestOptions, Result, Workload
 from trtdeploy.server import launch
 

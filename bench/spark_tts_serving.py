@@ -22,9 +22,10 @@ from pathlib import Path
 
 from trtdeploy_spark_tts.checkpoint import write_random_checkpoint
 
+from trtdeploy.benchmark import PerfSettings, benchmark
 from trtdeploy.build import BuildRequest
 from trtdeploy.build import run as build
-from trtdeploy.perf.runner import LoadSettings, PerfSettings, benchmark
+from trtdeploy.perf.runner import LoadSettings
 from trtdeploy.perf.workload import RequestOptions
 from trtdeploy.server import launch
 

@@ -18,10 +18,11 @@ from pathlib import Path
 import torch
 from torch_engine_decode import QWEN25_05B, TINY, hbm_bandwidth
 
+from trtdeploy.benchmark import PerfSettings, benchmark
 from trtdeploy.build import BuildRequest
 from trtdeploy.build import run as build
 from trtdeploy.checkpoints import TinyShape, write_random_causal_lm
-from trtdeploy.perf.runner import InputSpec, LoadSettings, PerfSettings, benchmark
+from trtdeploy.perf.runner import InputSpec, LoadSettings
 from trtdeploy.perf.workload import RequestOptions
 from trtdeploy.server import launch
 

@@ -8,6 +8,7 @@ from .engines.base import BuildStep, Engine
 from .errors import (
     BuildError,
     ExitCode,
+    Interrupted,
     NetworkError,
     NotFoundError,
     PerfError,
@@ -29,6 +30,7 @@ __all__ = [
     "Deployment",
     "Engine",
     "ExitCode",
+    "Interrupted",
     "Mode",
     "ModelSpec",
     "NetworkError",

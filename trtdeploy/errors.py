@@ -32,6 +32,8 @@ class TrtDeployError(Exception):
     """Base of every error that trtdeploy reports to the user as one line (plus an optional hint)."""
 
     exit_code: ExitCode = ExitCode.INTERNAL
+    #: The word the line starts with.
+    label = "Error"
 
     def __init__(self, message: str, *, hint: str | None = None, details: str | None = None) -> None:
         super().__init__(message)
@@ -76,3 +78,14 @@ class NetworkError(TrtDeployError):
     """The Hub or another remote is unreachable."""
 
     exit_code = ExitCode.NETWORK
+
+
+class TrtDeployWarning(UserWarning):
+    """A problem that does not stop the command; the CLI shows it as one ``Warning:`` line."""
+
+
+class Interrupted(TrtDeployError):
+    """The user interrupted the command (Ctrl-C); what it had done is kept, and the message says where."""
+
+    exit_code = ExitCode.INTERRUPTED
+    label = "Interrupted"

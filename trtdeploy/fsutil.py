@@ -1,4 +1,4 @@
-"""Folders written all at once: filled under a temporary name next to their place, then renamed into it."""
+"""Files and folders written all at once: filled under a temporary name next to their place, then renamed into it."""
 
 from __future__ import annotations
 
@@ -45,3 +45,15 @@ def atomic_dir(final: Path, populate: Callable[[Path], None], *, error: type[Trt
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return final
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary sibling: a reader (or a crash) never sees half a file."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

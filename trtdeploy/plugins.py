@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 from . import hookspecs
-from .errors import NotFoundError, UsageError
+from .errors import NotFoundError, TrtDeployWarning, UsageError
 
 if TYPE_CHECKING:
     from .engines.base import Engine
@@ -32,7 +32,7 @@ pm = pluggy.PluginManager("trtdeploy")
 pm.add_hookspecs(hookspecs)
 
 
-class PluginLoadWarning(UserWarning):
+class PluginLoadWarning(TrtDeployWarning):
     """A plugin failed to import; the others still load."""
 
 

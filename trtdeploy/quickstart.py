@@ -36,7 +36,8 @@ class QuickstartResult:
 
 def run(settings: QuickstartSettings, *, say: Callable[[str], None], progress: object = None) -> QuickstartResult:
     """Run every stage; ``say`` gets one line per stage (and the one line about random weights, if it comes to that)."""
-    from .perf.runner import InputSpec, LoadSettings, PerfSettings, benchmark
+    from .benchmark import PerfSettings, benchmark
+    from .perf.runner import InputSpec, LoadSettings
     from .perf.workload import RequestOptions
     from .server import serve_deployment, stop_signals_as_interrupt
 

@@ -64,15 +64,19 @@ def trtdeploy_deploy(
 @pytest.fixture(scope="session")
 def trtdeploy_serve() -> Iterator[Callable[[Deployment], RunningServer]]:
     """``serve(deployment)``: the real tritonserver on that deployment, started once and stopped after the session."""
-    from .server import launch
+    from .server import ephemeral_ports, launch
 
     running: dict[Path, RunningServer] = {}
 
     def serve(deployment: Deployment) -> RunningServer:
         server = running.get(deployment.path)
         if server is None or server.poll() is not None:
+            http, grpc, metrics = ephemeral_ports()  # Triton's 8000-8002 stay free for the user's own servers
             server = launch(
                 deployment.model_repo,
+                http_port=http,
+                grpc_port=grpc,
+                metrics_port=metrics,
                 models=deployment.models,
                 log_file=deployment.logs_dir / f"tritonserver-{os.getpid()}.log",
             )

@@ -55,9 +55,11 @@ def served(trtdeploy_checkpoint, tmp_path_factory, state):
 def whisper_url(tmp_path_factory):
     from trtdeploy.server import launch
 
+    from ..server.helpers import off_default_ports
+
     root = tmp_path_factory.mktemp("whisper")
     shutil.copytree(MODELS / "fake_whisper", root / "repo" / "whisper_bls", ignore=shutil.ignore_patterns("__*"))
-    with launch(root / "repo", log_file=root / "tritonserver.log", timeout=120) as server:
+    with launch(root / "repo", log_file=root / "tritonserver.log", timeout=120, **off_default_ports()) as server:
         yield server.grpc_url
 
 
@@ -129,8 +131,10 @@ def test_tts_refuses_llm_only_options(served, state):
 def test_a_failing_asr_costs_the_scores_not_the_measurements(served, whisper_url, tmp_path):
     """Whisper answers an error (the test model refuses language ``xx``) after the load: the reports are written,
     then the run fails naming the utterance."""
+    from trtdeploy.benchmark import PerfSettings, benchmark
     from trtdeploy.errors import PerfError
-    from trtdeploy.perf.runner import AsrSettings, InputSpec, LoadSettings, PerfSettings, benchmark
+    from trtdeploy.perf.asr import AsrSettings
+    from trtdeploy.perf.runner import InputSpec, LoadSettings
 
     _, info = served
     out = tmp_path / "perf"

@@ -129,9 +129,11 @@ def fake_server(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: Path) 
     """The bundled tritonserver serving the fake LLMs (started once per session)."""
     from trtdeploy.server import launch
 
+    from ..server.helpers import off_default_ports
+
     root = tmp_path_factory.mktemp("perf-server")
     repo = write_fake_repo(root / "repo", tokenizer_dir=tiny_tokenizer)
-    with launch(repo, log_file=root / "tritonserver.log", timeout=120) as server:
+    with launch(repo, log_file=root / "tritonserver.log", timeout=120, **off_default_ports()) as server:
         yield server
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from trtdeploy.perf.loadgen import Level, Record
+from trtdeploy.perf.loadgen import Level
+from trtdeploy.perf.records import Record
 from trtdeploy.perf.workload import Chunk, Request, Result
 
 MS = 1_000_000
@@ -44,4 +45,4 @@ def record(
 
 
 def level(concurrency: int = 2, num_requests: int = 2, warmup: int = 0, index: int = 0) -> Level:
-    return Level(index, num_requests, warmup, concurrency=concurrency)
+    return Level(index, rows=tuple(range(num_requests)), warmup_rows=tuple(range(warmup)), concurrency=concurrency)

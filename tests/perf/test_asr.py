@@ -167,16 +167,23 @@ def test_no_wavs_sends_nothing():
 
 
 @pytest.fixture(scope="module")
-def whisper_url(tmp_path_factory: pytest.TempPathFactory):
+def whisper(tmp_path_factory: pytest.TempPathFactory):
     """The bundled tritonserver serving the fake Whisper as ``whisper_bls``, and a text LLM (not Whisper)."""
     from trtdeploy.server import launch
+
+    from ..server.helpers import off_default_ports
 
     root = tmp_path_factory.mktemp("asr-server")
     repo = root / "repo"
     shutil.copytree(MODELS / "fake_whisper", repo / "whisper_bls", ignore=shutil.ignore_patterns("__pycache__"))
     write_fake_repo(repo, ["text_llm"])
-    with launch(repo, log_file=root / "tritonserver.log", timeout=120) as server:
-        yield server.grpc_url
+    with launch(repo, log_file=root / "tritonserver.log", timeout=120, **off_default_ports()) as server:
+        yield server
+
+
+@pytest.fixture
+def whisper_url(whisper) -> str:
+    return whisper.grpc_url
 
 
 def wav(samples: int, first: float) -> np.ndarray:
@@ -215,9 +222,14 @@ def test_a_failed_request_names_its_utterance(whisper_url):
 
 
 @pytest.mark.server
-def test_unknown_model_is_named_with_the_models_there(whisper_url):
+def test_unknown_model_is_named_with_the_models_there(whisper):
+    """With the key to the server's model list (trtdeploy's servers restrict it) the models there are named."""
+    headers = whisper.restricted_headers("grpc")
     with pytest.raises(NotFoundError, match=r"no Whisper model 'whisper' at .* \(its models: text_llm, whisper_bls\)"):
-        transcribe_sync(whisper_url, [wav(10, 0.0)], ["en"], model="whisper")
+        transcribe_sync(whisper.grpc_url, [wav(10, 0.0)], ["en"], model="whisper", headers=headers)
+    with pytest.raises(NotFoundError, match=r"no Whisper model 'whisper' at [0-9.:]+$") as caught:
+        transcribe_sync(whisper.grpc_url, [wav(10, 0.0)], ["en"], model="whisper")
+    assert caught.value.hint == "name the Whisper model with --asr-model"
 
 
 @pytest.mark.server

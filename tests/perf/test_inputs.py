@@ -36,6 +36,7 @@ def test_jsonl_rows_with_references_and_blank_lines(tmp_path):
         ('["input"]', "expected a JSON object, got list"),
         ('{"prompt": "a", "output": "b"}', 'no "input" key (keys: prompt, output)'),
         ('{"input": "a", "max_tokens": 0}', '"max_tokens" must be a positive integer'),
+        ('{"input": "half a pair \\ud83d here"}', "holds a lone surrogate (\\ud83d), which is not valid Unicode"),
     ],
 )
 def test_jsonl_errors_name_file_and_line(tmp_path, line, message):
@@ -141,3 +142,25 @@ def test_synthetic_prompts_are_deterministic_by_seed(tiny_tokenizer):
 def test_workload_synthetic_rows_carry_the_output_length(tiny_tokenizer):
     rows = TextLLMWorkload("ensemble", tiny_tokenizer).synthetic_rows(4, input_tokens=9, output_tokens=5, seed=0)
     assert len(rows) == 4 and all(row.max_tokens == 5 for row in rows)
+
+
+def test_the_chat_template_counts_and_sizes_prompts_as_the_deployment_does(tmp_path):
+    """A deployment built with -o chat_template=true wraps each prompt in the template: the input tokens perf
+    reports, and --isl, are the tokens the engine sees, template included."""
+    from trtdeploy.checkpoints import write_bpe_tokenizer
+
+    write_bpe_tokenizer(tmp_path)
+    tokenizer = load_tokenizer(tmp_path)
+    plain = TextLLMWorkload("ensemble", tmp_path)
+    chat = TextLLMWorkload("ensemble", tmp_path, chat_template=True)
+    text = "the quick brown fox"
+    wrapped = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], tokenize=True, add_generation_prompt=True
+    )
+    wrapped = wrapped["input_ids"] if hasattr(wrapped, "keys") else wrapped
+    assert chat.prompt_ids(text) == list(wrapped)
+    assert len(chat.prompt_ids(text)) > len(plain.prompt_ids(text)) + 5  # the template's tokens are counted
+    rows = chat.synthetic_rows(4, input_tokens=40, output_tokens=8, seed=0)
+    assert [len(chat.prompt_ids(row.input)) for row in rows] == [40] * 4
+    with pytest.raises(UsageError, match="--isl 3 is too short for this deployment: it adds"):
+        chat.synthetic_rows(1, input_tokens=3, output_tokens=8, seed=0)

@@ -6,54 +6,76 @@ import pytest
 
 from trtdeploy.errors import UsageError
 from trtdeploy.perf.loadgen import Level
-from trtdeploy.perf.runner import InputSpec, LoadSettings, resolve_endpoint
+from trtdeploy.perf.runner import InputSpec, LoadSettings
 from trtdeploy.perf.workload import RequestOptions
 
 
-def test_level_items_walk_the_rows_from_the_offset():
-    level = Level(0, num_requests=5, warmup=2, concurrency=2)
-    assert level.items(3, warmup=False) == [(2, 0, False), (3, 1, False), (4, 2, False), (5, 0, False), (6, 1, False)]
-    assert level.items(3, warmup=True) == [(0, 2, True), (1, 0, True)]  # the rows after the measured ones
-    shifted = Level(1, num_requests=2, warmup=1, concurrency=1, row_offset=10)
-    assert shifted.items(20, warmup=False) == [(1, 10, False), (2, 11, False)]
-    assert shifted.items(20, warmup=True) == [(0, 12, True)]
+def test_level_items_number_warmup_then_measured_requests():
+    level = Level(0, rows=(3, 4, 5), warmup_rows=(1, 2), concurrency=2)
+    assert level.items(warmup=True) == [(0, 1, True), (1, 2, True)]
+    assert level.items(warmup=False) == [(2, 3, False), (3, 4, False), (4, 5, False)]
+    assert (level.warmup, level.num_requests) == (2, 3)
 
 
 def test_closed_loop_shares_split_slots_and_requests_alike():
-    level = Level(0, num_requests=10, warmup=0, concurrency=5)
-    shares = level.shares(10, 2, seed=0, warmup=False)
+    level = Level(0, rows=tuple(range(10)), concurrency=5)
+    shares = level.shares(2, seed=0, warmup=False)
     assert [share.slots for share in shares] == [3, 2]
     assert [len(share.items) for share in shares] == [6, 4]
     assert sorted(seq for share in shares for seq, _, _ in share.items) == list(range(10))
     # fewer slots than workers: the idle worker gets nothing
-    idle = Level(0, num_requests=4, warmup=0, concurrency=1).shares(4, 2, seed=0, warmup=False)
+    idle = Level(0, rows=tuple(range(4)), concurrency=1).shares(2, seed=0, warmup=False)
     assert [len(share.items) for share in idle] == [4, 0]
 
 
 def test_open_loop_shares_split_the_rate():
-    shares = Level(0, num_requests=9, warmup=0, request_rate=30.0).shares(9, 3, seed=1, warmup=False)
+    shares = Level(0, rows=tuple(range(9)), request_rate=30.0).shares(3, seed=1, warmup=False)
     assert [share.rate for share in shares] == [10.0, 10.0, 10.0]
     assert [len(share.items) for share in shares] == [3, 3, 3]
     assert len({share.seed for share in shares}) == 3
 
 
-def test_default_requests_and_warmup_per_level():
-    levels = LoadSettings(concurrency=(1, 8)).levels(rows=10)
-    assert [(lv.concurrency, lv.num_requests, lv.warmup) for lv in levels] == [(1, 10, 1), (8, 32, 8)]
+def _plan(levels):
+    return [(lv.concurrency or lv.request_rate, lv.warmup_rows, lv.rows, lv.reused_rows) for lv in levels]
+
+
+def test_every_request_takes_a_fresh_row():
+    """Warmup and measured rows come in order across the whole run: no request repeats an earlier prompt."""
+    levels = LoadSettings(concurrency=(1, 2), num_requests=3).levels(rows=20)
+    assert _plan(levels) == [(1, (0,), (1, 2, 3), 0), (2, (4, 5), (6, 7, 8), 0)]
+
+
+def test_default_requests_divide_the_rows_among_the_levels():
+    # 100 rows, warmups 1 + 8: 91 left, 45 per level (at least 4 x concurrency)
+    levels = LoadSettings(concurrency=(1, 8)).levels(rows=100)
+    assert [(lv.warmup, lv.num_requests, lv.reused_rows) for lv in levels] == [(1, 45, 0), (8, 45, 0)]
+    assert sorted(row for lv in levels for row in lv.warmup_rows + lv.rows) == list(range(99))
     rates = LoadSettings(request_rates=(2.0, 5.5)).levels(rows=10)
     assert [(lv.request_rate, lv.num_requests, lv.warmup) for lv in rates] == [(2.0, 20, 0), (5.5, 55, 0)]
-    fixed = LoadSettings(concurrency=(4,), num_requests=3, warmup=0).levels(rows=10)
-    assert [(fixed[0].num_requests, fixed[0].warmup)] == [(3, 0)]
-    assert all(level.row_offset == 0 for level in levels + rates + fixed)  # every level sees the same rows
+
+
+def test_too_few_rows_are_reused_and_counted():
+    levels = LoadSettings(concurrency=(2,), num_requests=6, warmup=2).levels(rows=5)
+    (level,) = levels
+    assert level.warmup_rows == (0, 1) and level.rows == (2, 3, 4, 0, 1, 2)
+    assert level.reused_rows == 3  # rows 0 and 1 (sent as warmup) and 2 (sent earlier in the level)
+
+
+def test_reuse_rows_replays_the_same_rows_on_purpose():
+    levels = LoadSettings(concurrency=(1, 2), num_requests=3, reuse_rows=True).levels(rows=20)
+    assert _plan(levels) == [(1, (0,), (0, 1, 2), 1), (2, (0, 1), (0, 1, 2), 3)]
+    assert LoadSettings(concurrency=(4,), reuse_rows=True).levels(rows=10)[0].num_requests == 16  # max(16, rows)
 
 
 def test_synthetic_inputs_give_every_request_its_own_prompt():
     load = LoadSettings(concurrency=(1, 8))
     levels = load.levels(rows=load.synthetic_rows(), synthetic=True)
-    assert [(lv.num_requests, lv.warmup, lv.row_offset) for lv in levels] == [(16, 1, 0), (32, 8, 17)]
+    assert [(lv.num_requests, lv.warmup, lv.reused_rows) for lv in levels] == [(16, 1, 0), (32, 8, 0)]
     assert load.synthetic_rows() == 16 + 1 + 32 + 8
-    rows = [row for lv in levels for warmup in (True, False) for _, row, _ in lv.items(57, warmup=warmup)]
+    rows = [row for lv in levels for row in lv.warmup_rows + lv.rows]
     assert sorted(rows) == list(range(57))
+    repeat = LoadSettings(concurrency=(1, 8), reuse_rows=True)
+    assert repeat.synthetic_rows() == 40  # the most one level sends
 
 
 @pytest.mark.parametrize(
@@ -73,6 +95,8 @@ def test_inputs_are_exclusive(tmp_path):
 
 
 def test_endpoint_from_url(tmp_path, monkeypatch):
+    from trtdeploy.benchmark import resolve_endpoint
+
     monkeypatch.setenv("TRTDEPLOY_STATE_DIR", str(tmp_path))  # no server recorded
     endpoint, deployment = resolve_endpoint("grpc://localhost:8001/", "grpc", None)
     assert endpoint.url == "localhost:8001" and deployment is None
@@ -139,3 +163,30 @@ def test_sampling_options():
     assert RequestOptions().top_p is None
     with pytest.raises(UsageError, match="--temperature must be >= 0"):
         RequestOptions(temperature=float("nan"))
+
+
+def test_a_bare_perf_refuses_to_guess_between_servers(tmp_path, monkeypatch, capsys):
+    """Two servers run for deployments under the current folder: a bare `perf` names both and picks neither."""
+    import json
+    import os
+
+    from trtdeploy.cli.main import main
+    from trtdeploy.server import ServerInfo
+    from trtdeploy.server._process import process_start_ticks
+
+    monkeypatch.setenv("TRTDEPLOY_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.chdir(tmp_path)
+    records = tmp_path / "state" / "servers"
+    records.mkdir(parents=True)
+    for port, name in ((9001, "a"), (9101, "b")):  # records of a live process (this one) serving a and b
+        info = ServerInfo(
+            grpc_port=port, http_port=port + 1, pid=os.getpid(), pgid=os.getpid(),
+            start_ticks=process_start_ticks(os.getpid()), deployment=tmp_path / "deployments" / name,
+        )  # fmt: skip
+        (records / f"{port}-{os.getpid()}.json").write_text(json.dumps(info.to_dict(secrets=True)))
+    with pytest.raises(SystemExit) as caught:
+        main(["perf"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert caught.value.code == 2, err
+    assert f"Error: 2 servers run for deployments under {tmp_path}" in err
+    assert "127.0.0.1:9001" in err and "127.0.0.1:9101" in err and "--url" in err

@@ -11,15 +11,19 @@ from rich.console import Console
 
 from trtdeploy.errors import ExitCode, PerfError
 from trtdeploy.perf import report
+from trtdeploy.perf.loadgen import Level
 from trtdeploy.perf.metrics import summarize_level
-from trtdeploy.perf.report import print_table, write_reports
+from trtdeploy.perf.report import ReportWriter, print_table
 from trtdeploy.perf.runner import PerfRun
 
 from .helpers import level, record
 
+HEADER = {"model": "ensemble", "family": "llm", "stream": True, "protocol": "grpc", "slo": {"ttft_ms": 12}}
 
-def _run(errors: int = 0) -> PerfRun:
-    levels, records = [], []
+
+def _levels(errors: int = 0) -> list[tuple[Level, list, dict]]:
+    """Two levels of hand-made records: (level, its records, its summary)."""
+    out = []
     for index, concurrency in enumerate((1, 2)):
         recs = [
             record(0, 40, [(10, 1), (40, 3)], seq=0, warmup=True, level=index),
@@ -30,15 +34,27 @@ def _run(errors: int = 0) -> PerfRun:
         lv = level(concurrency=concurrency, num_requests=2 + errors, warmup=1, index=index)
         summary = summarize_level(recs, lv, stream=True, family="llm", slo={"ttft_ms": 12}, client_cpu_s=[0.01])
         summary["server"] = {"models": {"ensemble": {"requests": 3, "avg_request_ms": 30.0}}, "metrics": None}
-        levels.append(summary)
-        records += recs
-    summary = {"model": "ensemble", "family": "llm", "stream": True, "protocol": "grpc", "slo": {"ttft_ms": 12}}
-    return PerfRun(summary={**summary, "levels": levels}, records=records)
+        out.append((lv, recs, summary))
+    return out
+
+
+def _run(errors: int = 0) -> PerfRun:
+    return PerfRun(summary={**HEADER, "levels": [summary for _, _, summary in _levels(errors)]})
+
+
+def write_reports(out, errors: int = 0, **kwargs) -> list:
+    """Replay hand-made levels through a ReportWriter, as the engine would; the files it wrote."""
+    writer = ReportWriter(out, **kwargs)
+    writer.started(HEADER)
+    for lv, recs, summary in _levels(errors):
+        for rec in recs:
+            writer.record(rec, lv)
+        writer.level_done(summary)
+    return writer.finish()
 
 
 def test_reports_are_written(tmp_path):
-    run = _run(errors=1)
-    written = write_reports(run, tmp_path / "out")
+    written = write_reports(tmp_path / "out", errors=1)
     names = sorted(path.name for path in written)
     assert names == ["latency.png", "requests.jsonl", "summary.csv", "summary.json", "throughput.png"]
     for png in ("latency.png", "throughput.png"):
@@ -46,6 +62,7 @@ def test_reports_are_written(tmp_path):
 
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert [lv["concurrency"] for lv in summary["levels"]] == [1, 2]
+    assert summary["status"] == "complete" and "definitions" in summary
 
     with open(tmp_path / "out" / "summary.csv") as fh:
         rows = list(csv.DictReader(fh))
@@ -63,8 +80,23 @@ def test_reports_are_written(tmp_path):
     assert sum(line["warmup"] for line in lines) == 2
 
 
+def test_each_level_is_on_disk_as_soon_as_it_ends(tmp_path):
+    """A run that dies after its first level leaves that level's summary and records complete."""
+    writer = ReportWriter(tmp_path, plots=False)
+    writer.started(HEADER)
+    (lv, recs, summary), _ = _levels()
+    for rec in recs:
+        writer.record(rec, lv)
+    writer.level_done(summary)
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk["status"] == "running" and [level["level"] for level in on_disk["levels"]] == [0]
+    assert len((tmp_path / "requests.jsonl").read_text().splitlines()) == len(recs)
+    writer.finish("server_lost")
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "server_lost"
+
+
 def test_no_plots_when_asked(tmp_path):
-    names = sorted(path.name for path in write_reports(_run(), tmp_path, plots=False))
+    names = sorted(path.name for path in write_reports(tmp_path, plots=False))
     assert names == ["requests.jsonl", "summary.csv", "summary.json"]
 
 
@@ -92,7 +124,7 @@ def test_table_at_natural_width_off_a_terminal():
 def test_missing_matplotlib_skips_only_the_plots(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
     warnings: list[str] = []
-    written = write_reports(_run(), tmp_path / "out", warn=warnings.append)
+    written = write_reports(tmp_path / "out", warn=warnings.append)
     assert sorted(path.name for path in written) == ["requests.jsonl", "summary.csv", "summary.json"]
     assert sorted(path.name for path in (tmp_path / "out").iterdir()) == sorted(path.name for path in written)
     assert len(warnings) == 1 and "\n" not in warnings[0]
@@ -104,6 +136,6 @@ def test_a_plotting_error_skips_only_the_plots(tmp_path, monkeypatch, capsys):
         raise ValueError("bad axis\nsecond line")
 
     monkeypatch.setattr(report, "write_plots", broken)
-    written = write_reports(_run(), tmp_path)  # the default warning goes to stderr
+    written = write_reports(tmp_path)  # the default warning goes to stderr
     assert sorted(path.name for path in written) == ["requests.jsonl", "summary.csv", "summary.json"]
     assert capsys.readouterr().err == "Warning: plots skipped: ValueError: bad axis (the other reports are written)\n"

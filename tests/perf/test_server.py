@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from trtdeploy.benchmark import PerfSettings, benchmark
 from trtdeploy.deployment import Deployment
 from trtdeploy.errors import NotFoundError, ServerError, UsageError
 from trtdeploy.hookspecs import hookimpl
 from trtdeploy.perf.llm import TextLLMWorkload, TokenLLMWorkload, load_tokenizer
-from trtdeploy.perf.runner import Endpoint, InputSpec, LoadSettings, PerfSettings, benchmark, run_levels
+from trtdeploy.perf.runner import Endpoint, InputSpec, LoadSettings, run_levels
 from trtdeploy.perf.workload import InputRow, RequestOptions
 from trtdeploy.plugins import forget_registrations, pm
 from trtdeploy.spec import ModelSpec
@@ -43,7 +44,7 @@ def max_overlap(records) -> int:
 
 @pytest.fixture
 def grpc(fake_server) -> Endpoint:
-    return Endpoint(fake_server.grpc_url, "grpc", fake_server.metrics_url)
+    return Endpoint(fake_server.grpc_url, "grpc", fake_server.metrics_url, fake_server.restricted_headers("grpc"))
 
 
 def free_port() -> int:
@@ -248,6 +249,7 @@ def test_benchmark_finds_the_server_serve_started(make_deployment, tmp_path, mon
     from trtdeploy.server import serve_deployment
 
     monkeypatch.setenv("TRTDEPLOY_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.chdir(tmp_path)  # a bare run loads the server of the deployment under the current folder
     deployment = Deployment.load(make_deployment(models=["tensorrt_llm"]))
     server, _ = serve_deployment(deployment, background=True)
     with server:
@@ -489,3 +491,36 @@ def test_a_deployment_is_loaded_on_the_server_that_serves_it(make_deployment, tm
     assert f"trtdeploy serve {unserved.resolve()} --background" in caught.value.hint
     assert "--url" in caught.value.hint and server_b.grpc_url in caught.value.hint
     assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.server
+def test_server_statistics_that_cannot_be_read_cost_no_results(tmp_path):
+    """Statistics and metrics are extras: a server that refuses them (here: statistics restricted, metrics on a
+    closed port) still gets every result measured, with the reason in the level's server section."""
+    from trtdeploy.server import launch
+
+    from .conftest import write_fake_repo
+
+    repo = write_fake_repo(tmp_path / "repo", ["text_llm"])
+    refuse = [f"--{api}=statistics:stats-key=secret" for api in ("grpc-restricted-protocol", "http-restricted-api")]
+    with launch(repo, extra_args=refuse, log_file=tmp_path / "log", timeout=60) as server:
+        endpoint = Endpoint(server.grpc_url, "grpc", f"http://127.0.0.1:{free_port()}/metrics")
+        load = LoadSettings(concurrency=(2,), num_requests=4, warmup=0)
+        result = run(TextLLMWorkload("text_llm"), endpoint, load, options=RequestOptions(max_tokens=2))
+    level = result.summary["levels"][0]
+    assert level["status"] == "complete" and level["completed"] == 4 and level["e2e_ms"]["count"] == 4
+    assert level["server"]["models"] == {} and "restricted" in level["server"]["unavailable"]
+
+
+@pytest.mark.server
+def test_gauges_are_sampled_while_the_level_runs(grpc):
+    """Prometheus gauges (pending requests, KV-cache use, CPU) are scraped about every second during the level,
+    not read after it has drained: each comes as min/mean/max over its samples."""
+    load = LoadSettings(concurrency=(4,), num_requests=24, warmup=0)  # 6 rounds of 40 tokens x 5 ms: ~1.2 s
+    result = run(TextLLMWorkload("text_llm_stream"), grpc, load, options=RequestOptions(max_tokens=40))
+    level = result.summary["levels"][0]
+    gauges = level["server"]["metrics"]["gauges"]
+    cpu = gauges["nv_cpu_utilization"]
+    assert 1 <= cpu["samples"] <= level["duration_s"] + 1
+    assert cpu["min"] <= cpu["mean"] <= cpu["max"]
+    assert any(series.startswith('nv_inference_pending_request_count{model="text_llm_stream"') for series in gauges)

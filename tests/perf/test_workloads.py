@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from trtdeploy.errors import UsageError
+from trtdeploy.perf.control import model_info_from_config
 from trtdeploy.perf.llm import TextLLMWorkload, TokenLLMWorkload, load_tokenizer
-from trtdeploy.perf.transports import model_info_from_config
 from trtdeploy.perf.workload import InputRow, ModelInfo, RequestOptions, TensorSpec
 
 

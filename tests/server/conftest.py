@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from trtdeploy.server import ephemeral_ports
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -39,11 +40,4 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
 @pytest.fixture
 def ports() -> list[int]:
     """Three distinct free ports (HTTP, gRPC, metrics)."""
-    chosen: list[int] = []
-    while len(chosen) < 3:
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            port = sock.getsockname()[1]
-        if port not in chosen:
-            chosen.append(port)
-    return chosen
+    return ephemeral_ports()

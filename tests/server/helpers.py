@@ -10,7 +10,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from trtdeploy.server._process import _proc_stat
+from trtdeploy.server import ephemeral_ports
+from trtdeploy.server._process import _proc_stat, process_cmdline
 
 from ..manifests import write_manifest
 
@@ -54,6 +55,12 @@ class TritonPythonModel:
 MODELS = {"echo": ECHO_MODEL, "broken": BROKEN_MODEL, "slow": SLOW_MODEL}
 
 
+def off_default_ports() -> dict[str, int]:
+    """launch() keywords that keep a long-lived test server off Triton's default ports (a test checks those)."""
+    http, grpc, metrics = ephemeral_ports()
+    return {"http_port": http, "grpc_port": grpc, "metrics_port": metrics}
+
+
 def write_model(repo: Path, name: str, source: str) -> None:
     """A python-backend model ``name`` with one FP32 input INPUT and one output OUTPUT."""
     (repo / name / "1").mkdir(parents=True)
@@ -85,6 +92,19 @@ def write_deployment(path: Path, *models: str, status: str = "complete", tp: int
     )
 
 
+def listen_addresses(port: int) -> set[str]:
+    """The addresses something listens on at TCP ``port``, from the socket tables (IPv4-mapped IPv6 as IPv4)."""
+    found = set()
+    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, _, port_hex = local.rpartition(":")
+            if state == "0A" and int(port_hex, 16) == port:  # 0A: LISTEN
+                words = [bytes.fromhex(address[i : i + 8])[::-1] for i in range(0, len(address), 8)]
+                found.add(socket.inet_ntop(family, b"".join(words)).removeprefix("::ffff:"))
+    return found
+
+
 def port_free(port: int) -> bool:
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -93,13 +113,6 @@ def port_free(port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def live_processes() -> dict[int, list[str]]:
@@ -117,11 +130,15 @@ def leftovers(*, pgid: int | None = None, mentioning: Path | None = None) -> lis
     """Live processes in process group ``pgid``, children of it, or whose command line mentions ``mentioning``."""
     left = []
     for pid, fields in live_processes().items():
-        cmd = _cmdline(pid)
+        cmd = process_cmdline(pid)
         in_group = pgid is not None and (int(fields[2]) == pgid or int(fields[1]) == pgid or pid == pgid)
         if in_group or (mentioning is not None and str(mentioning) in cmd):
             left.append(f"{pid}: {cmd}")
     return left
+
+
+def shm_regions(prefix: str) -> list[Path]:
+    return list(Path("/dev/shm").glob(f"{prefix}*"))
 
 
 def stubs_of(pid: int) -> list[int]:
@@ -129,7 +146,7 @@ def stubs_of(pid: int) -> list[int]:
     return [
         p
         for p, fields in live_processes().items()
-        if int(fields[1]) == pid and "triton_python_backend_stub" in _cmdline(p)
+        if int(fields[1]) == pid and "triton_python_backend_stub" in process_cmdline(p)
     ]
 
 
@@ -154,3 +171,8 @@ def run_cli(
 
 def start_cli(*args: str, cwd: Path | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
+
+
+def record_of(state_dir: Path, grpc_port: int) -> Path | None:
+    """The record of the server on ``grpc_port``, if there is one."""
+    return next(iter((state_dir / "servers").glob(f"{grpc_port}-*.json")), None)

@@ -2,40 +2,76 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import socket
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
 
-from trtdeploy.errors import ServerError
-from trtdeploy.server import _process, launch
+from trtdeploy.errors import ServerError, UsageError
+from trtdeploy.server import RunningServer, _process, launch, register
 
-from .helpers import leftovers, port_free, stubs_of, wait_until, write_repo
+from .helpers import leftovers, listen_addresses, port_free, stubs_of, wait_until, write_repo
 
 pytestmark = pytest.mark.server
+
+
+@contextmanager
+def _shm_region() -> Iterator[str]:
+    """The key of a fresh 64-byte system shared-memory region."""
+    key = f"/trtdeploy-test-{uuid.uuid4().hex[:8]}"
+    handle = shm.create_shared_memory_region("region", key, 64)
+    try:
+        yield key
+    finally:
+        shm.destroy_shared_memory_region(handle)
+
+
+@contextmanager
+def _http_client(server: RunningServer) -> Iterator[httpclient.InferenceServerClient]:
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def _status(url: str, headers: dict[str, str] | None = None) -> int:
+    """The HTTP status of a GET."""
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
 
 
 def test_launch_serves_and_stop_leaves_nothing(tmp_path: Path, ports: list[int]) -> None:
     repo = write_repo(tmp_path / "repo", "echo")
     http, grpc, metrics = ports
     with launch(repo, http_port=http, grpc_port=grpc, metrics_port=metrics, timeout=60) as server:
-        assert server.http_url == f"localhost:{http}" and server.grpc_url == f"localhost:{grpc}"
-        assert server.metrics_url == f"http://localhost:{metrics}/metrics"
+        assert server.http_url == f"127.0.0.1:{http}" and server.grpc_url == f"127.0.0.1:{grpc}"
+        assert server.metrics_url == f"http://127.0.0.1:{metrics}/metrics"
         assert server.is_ready() and server.models == ["echo"]
         assert server.pgid == os.getpgid(server.pid) != os.getpgid(0)
         assert stubs_of(server.pid), "the echo model runs in a python backend stub"
-        client = httpclient.InferenceServerClient(server.http_url)
-        try:
+        with _http_client(server) as client:
             tensor = httpclient.InferInput("INPUT", [3], "FP32")
             tensor.set_data_from_numpy(np.arange(3, dtype=np.float32))
             result = client.infer("echo", [tensor]).as_numpy("OUTPUT")
-        finally:
-            client.close()
         assert result.tolist() == [0.0, 2.0, 4.0]
         assert server.log_file.read_text().count("successfully loaded 'echo'") == 1
     assert leftovers(pgid=server.pgid, mentioning=repo) == []
@@ -44,12 +80,14 @@ def test_launch_serves_and_stop_leaves_nothing(tmp_path: Path, ports: list[int])
     server.stop()  # idempotent
 
 
-def test_free_ports_and_a_temp_log_by_default(tmp_path: Path) -> None:
+def test_a_free_triple_of_ports_and_a_temp_log_by_default(tmp_path: Path) -> None:
     repo = write_repo(tmp_path / "repo", "echo")
     server = launch(repo, timeout=60)
     try:
-        assert len({server.http_port, server.grpc_port, server.metrics_port}) == 3
+        assert (server.grpc_port, server.metrics_port) == (server.http_port + 1, server.http_port + 2)
+        assert server.http_port >= 8000 and (server.http_port - 8000) % 3 == 0
         assert server.log_file.is_file() and "tritonserver" in server.log_file.name
+        assert server.version == "2.51.0" and server.binary.bundled
     finally:
         server.stop()
     assert leftovers(pgid=server.pgid, mentioning=repo) == []
@@ -128,20 +166,29 @@ def test_a_picked_port_taken_before_the_server_binds_it_is_picked_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     repo = write_repo(tmp_path / "repo", "echo")
-    real_free_port = _process.free_port
+    real_port_in_use = _process.port_in_use
     with socket.socket() as busy:
-        busy.bind(("", 0))
+        busy.bind(("127.0.0.1", 0))
         busy.listen()
-        taken = [busy.getsockname()[1]]
-        monkeypatch.setattr(_process, "free_port", lambda: taken.pop() if taken else real_free_port())
+        taken = busy.getsockname()[1]
+        monkeypatch.setattr(_process, "DEFAULT_PORTS", (taken, taken + 1, taken + 2))
+        lies = [taken]  # the first check misses that the port is taken, as when it goes between check and bind
+
+        def port_in_use(port: int, host: str) -> bool:
+            if port in lies:
+                lies.remove(port)
+                return False
+            return real_port_in_use(port, host)
+
+        monkeypatch.setattr(_process, "port_in_use", port_in_use)
         with launch(repo, timeout=60) as server:
-            assert server.is_ready() and server.http_port != busy.getsockname()[1]
+            assert server.is_ready() and server.http_port == taken + 3 and server.default_ports_taken
     assert leftovers(mentioning=repo) == []
 
 
 def test_a_given_port_taken_before_the_server_binds_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     repo = write_repo(tmp_path / "repo", "echo")
-    monkeypatch.setattr(_process, "port_in_use", lambda port: False)  # lose the race on purpose
+    monkeypatch.setattr(_process, "port_in_use", lambda port, host: False)  # lose the race on purpose
     with socket.socket() as busy:
         busy.bind(("", 0))
         busy.listen()
@@ -158,6 +205,7 @@ def test_a_multi_rank_command_follows_launch_triton_server(tmp_path: Path) -> No
     ranks = " ".join(command).split(" : ")
     assert command[:3] == ["--allow-run-as-root", "-n", "1"] and len(ranks) == 2
     assert "--http-port=8000" in ranks[0] and "shm-region-prefix-name=p-rank0_" in ranks[0]
+    assert "--http-address=127.0.0.1" in ranks[0] and "--http-address" not in ranks[1]
     assert "--model-control-mode" not in ranks[0]
     rank1 = ranks[1].split()
     assert rank1[:2] == ["-n", "1"] and "--model-control-mode=explicit" in rank1 and "--load-model=llm" in rank1
@@ -174,8 +222,9 @@ def test_two_ranks_under_mpirun_serve_and_stop_together(tmp_path: Path) -> None:
         processes = leftovers(pgid=server.pgid)
         ranks = [line for line in processes if "tritonserver --model-repository" in line and "run " not in line]
         assert len(ranks) == 2, ranks
-        log = server.log_file.read_text()
-        assert "mpirun" in log.splitlines()[0] and log.count("successfully loaded 'echo'") == 2
+        assert "mpirun" in server.log_file.read_text().splitlines()[0]
+        # rank 1 may log its load after rank 0 is ready
+        assert wait_until(lambda: server.log_file.read_text().count("successfully loaded 'echo'") == 2, timeout=30)
     assert leftovers(pgid=server.pgid, mentioning=repo) == []
     assert not list(Path("/dev/shm").glob(f"{server.shm_prefix}*"))
 
@@ -193,3 +242,52 @@ def test_the_server_gets_the_environment_the_deployment_asks_for(tmp_path: Path)
     with launch(repo, timeout=60, env={"TRTLLM_ORCHESTRATOR": "1"}) as server:
         environ = Path(f"/proc/{server.pid}/environ").read_bytes().split(b"\0")
         assert b"TRTLLM_ORCHESTRATOR=1" in environ
+
+
+def test_the_server_listens_on_127_0_0_1_with_its_risky_apis_restricted(tmp_path: Path, state_dir: Path) -> None:
+    repo = write_repo(tmp_path / "repo", "echo")
+    with launch(repo, timeout=60) as server:
+        for port in (server.http_port, server.grpc_port, server.metrics_port):
+            assert listen_addresses(port) == {"127.0.0.1"}
+        assert server.restricted_apis == ("shared-memory", "model-repository", "logging", "trace")
+        info = register(server)
+        assert json.loads(info.state_file.read_text())["restricted_key"] == list(server.restricted_key)
+        assert info.state_file.stat().st_mode & 0o777 == 0o600
+        assert server.restricted_key[1] not in server.log_file.read_text()  # the command line is logged, masked
+        headers = info.restricted_headers("http")
+        assert headers == server.restricted_headers("http")
+        base = f"http://{server.http_url}"
+        with _shm_region() as key, _http_client(server) as client:
+            with pytest.raises(InferenceServerException, match="This API is restricted"):
+                client.register_system_shared_memory("region", key, 64)
+            client.register_system_shared_memory("region", key, 64, headers=headers)
+            client.unregister_system_shared_memory("region", headers=headers)
+        assert _status(f"{base}/v2/logging") == 403 and _status(f"{base}/v2/logging", headers=headers) == 200
+        for path in ("/v2/health/ready", "/v2", "/v2/models/echo", "/v2/models/echo/config", "/v2/models/stats"):
+            assert _status(f"{base}{path}") == 200, path
+        assert _status(server.metrics_url) == 200
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        try:
+            with pytest.raises(InferenceServerException, match="restricted"):
+                client.get_model_repository_index()
+            grpc_headers = info.restricted_headers("grpc")
+            assert [m.name for m in client.get_model_repository_index(headers=grpc_headers).models] == ["echo"]
+            tensor = grpcclient.InferInput("INPUT", [2], "FP32")
+            tensor.set_data_from_numpy(np.ones(2, dtype=np.float32))
+            assert client.infer("echo", [tensor]).as_numpy("OUTPUT").tolist() == [2.0, 2.0]
+            assert client.is_server_live() and client.get_server_metadata().version == "2.51.0"
+        finally:
+            client.close()
+
+
+def test_named_apis_can_be_opened(tmp_path: Path) -> None:
+    repo = write_repo(tmp_path / "repo", "echo")
+    with launch(repo, timeout=60, allow_api=["shared-memory", "trace"]) as server:
+        assert server.restricted_apis == ("model-repository", "logging")
+        base = f"http://{server.http_url}"
+        with _shm_region() as key, _http_client(server) as client:
+            client.register_system_shared_memory("region", key, 64)  # no header needed
+            client.unregister_system_shared_memory("region")
+        assert _status(f"{base}/v2/trace/setting") == 200 and _status(f"{base}/v2/logging") == 403
+    with pytest.raises(UsageError, match="--allow-api: unknown API 'sharedmem'"):
+        launch(repo, allow_api=["sharedmem"])

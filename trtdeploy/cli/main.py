@@ -11,7 +11,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from .. import __version__
-from ..errors import ExitCode, TrtDeployError
+from ..errors import ExitCode, TrtDeployError, TrtDeployWarning
 from ._output import err, warn
 
 #: (module, command name): each module under trtdeploy.cli defines a function of the same name as the module.
@@ -61,25 +61,24 @@ def create_app() -> typer.Typer:
     return app
 
 
-def _show_plugin_warnings_as_lines() -> None:
-    """A broken plugin is one line on stderr (whenever it shows up), not a Python warning with a source line."""
-    from ..plugins import PluginLoadWarning
-
+def _show_warnings_as_lines() -> None:
+    """A trtdeploy warning (a broken plugin, a dead server cleaned up) is one line on stderr whenever it shows up,
+    not a Python warning with a source line."""
     original = warnings.showwarning
 
     def show(message, category, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if issubclass(category, PluginLoadWarning):
+        if issubclass(category, TrtDeployWarning):
             warn(str(message))
         else:
             original(message, category, *args, **kwargs)
 
     warnings.showwarning = show
-    warnings.simplefilter("always", PluginLoadWarning)
+    warnings.simplefilter("always", TrtDeployWarning)
 
 
 def report(exc: TrtDeployError) -> None:
-    """Print an error as ``Error: message`` plus hint and details, on stderr."""
-    err.print(f"[bold red]Error:[/] {exc.message}", soft_wrap=True)
+    """Print an error as ``Error: message`` (or its own label) plus hint and details, on stderr."""
+    err.print(f"[bold red]{exc.label}:[/] {exc.message}", soft_wrap=True)
     if exc.details:
         err.print(exc.details, markup=False, soft_wrap=True)
     if exc.hint:
@@ -88,7 +87,7 @@ def report(exc: TrtDeployError) -> None:
 
 def main(argv: list[str] | None = None) -> NoReturn:
     """Console-script entry point."""
-    _show_plugin_warnings_as_lines()
+    _show_warnings_as_lines()
     try:
         app = create_app()
         app(args=argv, prog_name="trtdeploy")

@@ -45,7 +45,8 @@ def perf(
         str | None,
         typer.Option(
             help="Triton's HOST:PORT, the gRPC or HTTP port per --protocol (default: the running server that "
-            "`trtdeploy serve` started for DEPLOYMENT; without DEPLOYMENT, the latest one)."
+            "`trtdeploy serve` started for DEPLOYMENT; without DEPLOYMENT, the one serving a deployment under the "
+            "current folder)."
         ),
     ] = None,
     protocol: Annotated[Literal["grpc", "http"], typer.Option(help="grpc (offline or streaming) or http.")] = "grpc",
@@ -66,13 +67,22 @@ def perf(
     num_requests: Annotated[
         int | None,
         typer.Option(
-            help="Measured requests per level (default: max(input rows, 4 x concurrency, or 10 s of a rate); "
-            "synthetic inputs count as 16 rows, with a prompt of its own for every request)."
+            help="Measured requests per level (default: max(4 x concurrency, or 10 s of a rate, and the input rows "
+            "left after the warmups divided among the levels); synthetic inputs make a prompt of their own for "
+            "every request, at least 16 per level)."
         ),
     ] = None,
     warmup: Annotated[
         int | None, typer.Option(help="Unmeasured requests before each level (default: the concurrency; 0 for rates).")
     ] = None,
+    reuse_rows: Annotated[
+        bool,
+        typer.Option(
+            "--reuse-rows",
+            help="Start every level (its warmup too) at the first input row, so levels and warmups repeat prompts: "
+            "for prefix-cache studies. Default: every request of the run takes the next fresh row.",
+        ),
+    ] = False,
     workers: Annotated[int, typer.Option(help="Client processes sharing the load (when one core is not enough).")] = 1,
     input_data: Annotated[
         Path | None,
@@ -166,9 +176,12 @@ def perf(
         raise UsageError(f"--asr-language must be en or zh, got {asr_language!r}")
     if not 0.0 <= max_error_rate <= 1.0:
         raise UsageError(f"--max-error-rate must be between 0 and 1, got {max_error_rate:g}", hint="e.g. 0.01")
+    from ..benchmark import PerfSettings, benchmark
+    from ..perf.asr import AsrSettings
     from ..perf.report import LiveProgress, print_table
-    from ..perf.runner import AsrSettings, InputSpec, LoadSettings, PerfSettings, benchmark
+    from ..perf.runner import InputSpec, LoadSettings
     from ..perf.workload import RequestOptions
+    from ..server import stop_signals_as_interrupt
 
     settings = PerfSettings(
         deployment=deployment,
@@ -185,6 +198,7 @@ def perf(
             workers=workers,
             timeout_s=timeout,
             seed=seed,
+            reuse_rows=reuse_rows,
         ),
         inputs=InputSpec(
             input_data=input_data,
@@ -208,7 +222,7 @@ def perf(
         plots=plots,
         asr=AsrSettings(url=asr_url, model=asr_model, language=asr_language) if asr_url else None,
     )
-    with LiveProgress(err) as progress:
+    with stop_signals_as_interrupt(), LiveProgress(err) as progress:  # SIGTERM keeps the results as Ctrl-C does
         run = benchmark(settings, progress=progress, warn=warn)
     if json:
         emit_json(run.summary)

@@ -1,8 +1,9 @@
-"""``trtdeploy perf``: the load generator, its metrics and reports.
+"""The perf engine: load generator, transports, metrics, records and reports, for any Triton endpoint.
 
 Model plugins use the workload API (:mod:`trtdeploy.perf.workload`, re-exported here) and, for text LLMs, the
-ready-made :class:`TextLLMWorkload` / :class:`TokenLLMWorkload`. :func:`trtdeploy.perf.runner.benchmark` runs the
-whole command; :func:`trtdeploy.perf.runner.run_levels` loads a server with any workload.
+ready-made :class:`TextLLMWorkload` / :class:`TokenLLMWorkload`. :func:`trtdeploy.perf.runner.run_levels` loads an
+endpoint with any workload; :func:`trtdeploy.benchmark.benchmark` is the whole ``trtdeploy perf`` command (finding
+the server and deployment is not this package's business).
 """
 
 from .llm import TextLLMWorkload, TokenLLMWorkload

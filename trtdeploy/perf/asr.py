@@ -16,29 +16,26 @@ Transcripts come from a Whisper model on Triton with the contract of TensorRT-LL
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import string
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
 import jiwer
 import numpy as np
 
 from ..errors import NotFoundError, PerfError, ServerError, UsageError
-from .runner import check_url
-from .transports import failure_reason
+from ..fsutil import atomic_write_text
+from .control import ControlClient, check_url, failure_reason
+
+if TYPE_CHECKING:
+    from .report import ReportWriter
 
 Language = Literal["en", "zh"]
 LANGUAGES: tuple[Language, ...] = ("en", "zh")
-#: What a level's ``asr`` summary means (written into summary.json).
-DEFINITION = (
-    "intelligibility of the first measured request of each input row, transcribed by Whisper: punctuation "
-    "(ASCII and Chinese, but the apostrophe) stripped, English lower-cased and scored per word, Chinese per "
-    "character (seed-tts-eval's rules); wer_mean/cer_mean: mean of the per-utterance rates (seed-tts-eval's "
-    "number, as a fraction); wer_corpus/cer_corpus: all errors / all reference words or characters"
-)
 #: The only sample rate Whisper takes.
 SAMPLE_RATE = 16000
 
@@ -75,7 +72,19 @@ _CONTRACT_HINT = (
     "as TensorRT-LLM's whisper_bls does; name it with --asr-model"
 )
 _URL_HINT = "pass --asr-url HOST:PORT, the gRPC port of a Triton serving Whisper (whisper_bls)"
-_CONTROL_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class AsrSettings:
+    """Where generated speech is transcribed for WER/CER (``--asr-url``): a Whisper model on Triton (gRPC)."""
+
+    url: str
+    model: str = "whisper_bls"
+    #: ``en``, ``zh``, or None to tell each utterance's language from its text.
+    language: str | None = None
+    concurrency: int = 4
+    #: Headers of the control calls (the key to a trtdeploy server's restricted APIs).
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 # --- scoring ---------------------------------------------------------------------------------------------------
@@ -205,10 +214,10 @@ def _wav(wav: Any, index: int) -> np.ndarray:
     return np.ascontiguousarray(array, dtype=np.float32)
 
 
-async def _check_model(client: Any, address: str, model: str) -> None:
+async def _check_model(control: ControlClient, address: str, model: str) -> None:
     """Raise unless the server is live and ``model`` is ready and has the Whisper inputs and outputs."""
     try:
-        live = await client.is_server_live(client_timeout=_CONTROL_TIMEOUT_S)
+        live = await control.is_live()
     except Exception as exc:
         raise ServerError(
             f"cannot reach the Whisper server at {address}: {failure_reason(exc)}", hint=_URL_HINT
@@ -216,21 +225,16 @@ async def _check_model(client: Any, address: str, model: str) -> None:
     if not live:
         raise ServerError(f"the Whisper server at {address} is not live", hint=_URL_HINT)
     try:
-        index = await client.get_model_repository_index(as_json=True, client_timeout=_CONTROL_TIMEOUT_S)
-    except Exception as exc:
-        raise ServerError(f"cannot list the models at {address}: {failure_reason(exc)}") from None
-    entries = [entry for entry in index.get("models", []) if entry.get("name") == model]
-    if not entries:
-        names = sorted({entry.get("name", "?") for entry in index.get("models", [])})
+        await control.model_info(model)
+    except NotFoundError as exc:
+        listed = f" ({exc.hint.split(' (')[0]})" if exc.hint and exc.hint.startswith("its models") else ""
         raise NotFoundError(
-            f"no Whisper model {model!r} at {address} (its models: {', '.join(names) or 'none'})",
-            hint="name the Whisper model with --asr-model",
-        )
-    if not any(entry.get("state") == "READY" for entry in entries):
-        reason = entries[0].get("reason") or entries[0].get("state") or "not loaded"
-        raise ServerError(f"Whisper model {model!r} at {address} is not ready ({reason})")
+            f"no Whisper model {model!r} at {address}{listed}", hint="name the Whisper model with --asr-model"
+        ) from None
+    except ServerError as exc:
+        raise ServerError(f"Whisper model {model!r} at {address}: {exc.message}") from None
     try:
-        metadata = await client.get_model_metadata(model, as_json=True, client_timeout=_CONTROL_TIMEOUT_S)
+        metadata = await control.metadata(model)
     except Exception as exc:
         raise ServerError(f"cannot read the metadata of {model!r} at {address}: {failure_reason(exc)}") from None
     problems = []
@@ -248,17 +252,15 @@ async def _check_model(client: Any, address: str, model: str) -> None:
         )
 
 
-async def check_whisper(url: str, model: str = "whisper_bls") -> None:
+async def check_whisper(url: str, model: str = "whisper_bls", headers: Mapping[str, str] | None = None) -> None:
     """Raise (as :func:`transcribe` would) unless ``model`` at ``url`` is a ready Whisper model: a run checks this
     before its load, so that no benchmark is lost for want of an ASR server."""
-    import tritonclient.grpc.aio as grpcclient
-
     address = _address(url)
-    client = grpcclient.InferenceServerClient(address)
+    control = ControlClient("grpc", address, headers=headers)
     try:
-        await _check_model(client, address, model)
+        await _check_model(control, address, model)
     finally:
-        await client.close()
+        await control.close()
 
 
 async def transcribe(
@@ -270,6 +272,7 @@ async def transcribe(
     concurrency: int = 4,
     timeout_s: float = 120.0,
     sample_rate: int = 16000,
+    headers: Mapping[str, str] | None = None,
 ) -> list[str]:
     """The transcript of each wav (16 kHz mono floats), in input order, from Whisper ``model`` at ``url`` (gRPC).
 
@@ -299,9 +302,10 @@ async def transcribe(
     if not arrays:
         return []
 
+    control = ControlClient("grpc", address, headers=headers)
     client = grpcclient.InferenceServerClient(address)
     try:
-        await _check_model(client, address, model)
+        await _check_model(control, address, model)
         slots = asyncio.Semaphore(concurrency)
 
         async def one(index: int) -> str:
@@ -347,3 +351,50 @@ async def transcribe(
             raise
     finally:
         await client.close()
+        await control.close()
+
+
+# --- scoring a written run -------------------------------------------------------------------------------------
+
+#: Utterances read from disk and transcribed at a time (memory stays bounded however long the run).
+SCORE_BATCH = 64
+
+
+def score_reports(writer: ReportWriter, asr: AsrSettings) -> None:
+    """Transcribe the audio a run saved (the first measured request of each input row of each level) and score it
+    against the target text: each such row of ``requests.jsonl`` gets the transcript as its ``text`` and
+    ``wer``/``cer`` in its ``scores``, each level an ``asr`` summary. Files are rewritten in place, atomically."""
+    from .report import read_wav
+    from .tts import resample
+
+    path = writer.requests_path
+    with open(path, encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh]
+    scored = [row for row in rows if row.get("audio_file") and row.get("reference") is not None]
+    languages = [asr.language or detect_language(str(row["reference"])) for row in scored]
+    by_level: dict[int, list[UtteranceScore]] = {}
+    for start in range(0, len(scored), SCORE_BATCH):
+        batch = scored[start : start + SCORE_BATCH]
+        wavs = []
+        for row in batch:
+            samples, rate = read_wav(writer.output_dir / row["audio_file"])
+            wavs.append(resample(samples, rate, SAMPLE_RATE))
+        texts = asyncio.run(
+            transcribe(
+                asr.url,
+                wavs,
+                languages[start : start + SCORE_BATCH],
+                model=asr.model,
+                concurrency=asr.concurrency,
+                headers=asr.headers,
+            )
+        )
+        for row, text, language in zip(batch, texts, languages[start : start + SCORE_BATCH], strict=True):
+            result = score(text, str(row["reference"]), language)
+            row["text"] = text
+            row["scores"] = {**row.get("scores", {}), "wer": result.wer, "cer": result.cer}
+            by_level.setdefault(row["level"], []).append(result)
+    atomic_write_text(path, "".join(json.dumps(row, default=str) + "\n" for row in rows))
+    for level in writer.levels:
+        level["asr"] = aggregate(by_level.get(level["level"], []))
+    writer.extra["asr"] = {"url": asr.url, "model": asr.model, "language": asr.language or "auto"}

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import NetworkError, NotFoundError, UsageError
-from .workload import InputRow
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -18,6 +18,20 @@ DEFAULT_COLUMNS = ("input", "text", "prompt", "question")
 #: Column read as the reference output when ``--reference-column`` is not given (if the dataset has it).
 DEFAULT_REFERENCE_COLUMN = "output"
 _LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+@dataclass(frozen=True)
+class InputRow:
+    """One row of the input data: what to send, and what should come back."""
+
+    #: The prompt (text for LLMs; whatever the workload expects otherwise).
+    input: Any
+    #: The expected output, if the data has one (scored for accuracy).
+    reference: Any = None
+    #: Output length for this row (synthetic prompts, a jsonl "max_tokens"); None: the run's (``--osl``).
+    max_tokens: int | None = None
+    #: The whole source row, for workloads that need more columns than ``input``.
+    fields: Mapping[str, Any] = field(default_factory=dict)
 
 
 def numbered_lines(path: Path) -> Iterator[tuple[str, str]]:
@@ -41,7 +55,28 @@ def json_object(line: str, where: str) -> dict[str, Any]:
         raise UsageError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
     if not isinstance(data, dict):
         raise UsageError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    _check_encodable(data, where)
     return data
+
+
+def _check_encodable(value: Any, where: str) -> None:
+    """Refuse text that cannot be sent as UTF-8: JSON's ``\\ud800`` escapes decode to lone surrogates."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = value[exc.start : exc.end]
+            raise UsageError(
+                f"{where}: the text holds a lone surrogate ({bad.encode('unicode_escape').decode()}), which is not "
+                "valid Unicode and cannot be sent",
+                hint="write the character itself, or a valid \\uXXXX\\uXXXX surrogate pair",
+            ) from None
+    elif isinstance(value, dict):
+        for item in value.values():
+            _check_encodable(item, where)
+    elif isinstance(value, list):
+        for item in value:
+            _check_encodable(item, where)
 
 
 def load_jsonl(path: Path | str) -> list[InputRow]:
@@ -154,16 +189,26 @@ def load_split(source: str, split: str | None) -> Any:
     return loaded[split]
 
 
-def synthetic_prompts(tokenizer: PreTrainedTokenizerBase, count: int, length: int, *, seed: int) -> list[str]:
-    """``count`` random prompts that ``tokenizer`` encodes into exactly ``length`` tokens (special tokens included).
+def synthetic_prompts(
+    tokenizer: PreTrainedTokenizerBase,
+    count: int,
+    length: int,
+    *,
+    seed: int,
+    prompt_ids: Callable[[str], list[int]] | None = None,
+) -> list[str]:
+    """``count`` random prompts that the model sees as exactly ``length`` tokens.
 
-    Each prompt depends only on ``(seed, its index)``, so a run is reproducible and prompts do not share a prefix.
+    ``prompt_ids`` gives the ids the deployment makes of a prompt (a chat template and special tokens included;
+    default: ``tokenizer.encode`` with its special tokens). Each prompt depends only on ``(seed, its index)``, so a
+    run is reproducible and prompts do not share a prefix.
     """
     import numpy as np
 
-    content = length - len(tokenizer.encode("", add_special_tokens=True))
-    if content < 1:
-        raise UsageError(f"--isl {length} is too short for this tokenizer (it adds {length - content} special tokens)")
+    encode = prompt_ids or (lambda text: tokenizer.encode(text, add_special_tokens=True))
+    overhead = len(encode(""))
+    if length - overhead < 1:
+        raise UsageError(f"--isl {length} is too short for this deployment: it adds {overhead} tokens to every prompt")
     special = set(tokenizer.all_special_ids)
     candidates = [i for i in range(len(tokenizer)) if i not in special]
     pieces = tokenizer.batch_decode([[i] for i in candidates])
@@ -176,7 +221,20 @@ def synthetic_prompts(tokenizer: PreTrainedTokenizerBase, count: int, length: in
     )
     if vocab.size == 0:
         raise UsageError("this tokenizer has no printable tokens to build synthetic prompts from")
-    return [_exact_prompt(tokenizer, vocab, content, np.random.default_rng([seed, index])) for index in range(count)]
+    prompts = []
+    for index in range(count):
+        rng = np.random.default_rng([seed, index])
+        content = length - overhead
+        for _ in range(8):  # the words may merge with what the template puts around them: adjust and retry
+            text = _exact_prompt(tokenizer, vocab, content, rng)
+            missing = length - len(encode(text))
+            if missing == 0:
+                break
+            content += missing
+        else:
+            raise UsageError(f"could not build a prompt of exactly {length} tokens for this deployment")
+        prompts.append(text)
+    return prompts
 
 
 def _exact_prompt(tokenizer: PreTrainedTokenizerBase, vocab: Any, length: int, rng: Any) -> str:

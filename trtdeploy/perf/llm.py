@@ -55,12 +55,18 @@ class _LLMWorkload(Workload):
         *,
         decoupled: bool = False,
         max_tokens: int = 128,
+        chat_template: bool = False,
+        add_special_tokens: bool = True,
     ) -> None:
         self.model_name = model_name
         self.tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else None
         self.decoupled = decoupled
         #: Output length when neither the row nor the run (``--osl``) gives one.
         self.max_tokens = max_tokens
+        #: How the deployment turns a prompt into ids (its preprocessing): as one user turn of the tokenizer's chat
+        #: template, or encoded with (or without) the tokenizer's special tokens.
+        self.chat_template = chat_template
+        self.add_special_tokens = add_special_tokens
         self._tokenizer: PreTrainedTokenizerBase | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -77,8 +83,14 @@ class _LLMWorkload(Workload):
         return self._tokenizer
 
     def prompt_ids(self, text: str) -> list[int]:
-        """The prompt's token ids as the model sees them (special tokens such as BOS included)."""
-        return list(self.tokenizer.encode(text, add_special_tokens=True))
+        """The prompt's token ids as the model sees them: wrapped in the chat template, or with the special tokens
+        (such as BOS) the tokenizer adds, as the deployment's preprocessing does."""
+        if self.chat_template:
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], tokenize=True, add_generation_prompt=True
+            )
+            return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        return list(self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens))
 
     def count_text_tokens(self, text: str) -> int:
         """Tokens of generated text (no special tokens added)."""
@@ -87,7 +99,7 @@ class _LLMWorkload(Workload):
     def synthetic_rows(self, count: int, *, input_tokens: int, output_tokens: int | None, seed: int) -> list[InputRow]:
         from .inputs import synthetic_prompts
 
-        prompts = synthetic_prompts(self.tokenizer, count, input_tokens, seed=seed)
+        prompts = synthetic_prompts(self.tokenizer, count, input_tokens, seed=seed, prompt_ids=self.prompt_ids)
         return [InputRow(input=prompt, max_tokens=output_tokens) for prompt in prompts]
 
     def _validate_options(self, model: ModelInfo, options: RequestOptions) -> None:

@@ -2,10 +2,15 @@
 
 Closed loop: each of N slots sends its next request as soon as its last one is complete (one shared queue of
 requests per process, so no slot idles while another has work left). Open loop: requests are sent at Poisson
-arrival times whatever is in flight. The first ``warmup`` requests of a level are sent the same way but excluded
-from the metrics. With ``workers`` > 1 the slots (or the rate) are split across spawned processes, each with its own
+arrival times whatever is in flight. The warmup requests of a level are sent the same way but excluded from the
+metrics. With ``workers`` > 1 the slots (or the rate) are split across spawned processes, each with its own
 connection, and their records are merged; ``time.perf_counter_ns`` is the system-wide monotonic clock on Linux,
 so times from different processes compare.
+
+A complete request is decoded through the workload after the next request of its slot has gone out, and handed to
+a sink at once: nothing keeps raw responses beyond their request, so the client's memory stays flat however long
+the run. A level can be given up (:meth:`LevelRunner.abort`): no new request goes out, the ones in flight fail with
+the reason, and every record still reaches the sink.
 """
 
 from __future__ import annotations
@@ -15,94 +20,40 @@ import multiprocessing
 import signal
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from ..errors import TrtDeployError
-from .transports import Caller, Protocol, Transport, make_transport
+from .control import Protocol, within
+from .records import Record
+from .transports import Caller, Transport, make_transport
 from .workload import Request, Result, Workload
 
-#: Seconds between progress reports.
+#: Seconds between progress reports (and, from worker processes, batches of records).
 PROGRESS_INTERVAL = 0.2
-#: Called with (requests complete, requests failed) of the running level.
+#: A slot's pause after a request the server did not answer, doubling with each one in a row up to the maximum.
+BACKOFF_S = 0.05
+BACKOFF_MAX_S = 1.0
+#: Seconds worker processes get to hand over their records after an interrupt.
+WORKER_FLUSH_S = 5.0
+#: Called with (requests complete, requests failed) of the running phase.
 ProgressCallback = Callable[[int, int], None]
-
-
-class Record:
-    """One request. While it runs: send time, each response with its arrival time, end time, error.
-
-    After its level, :meth:`LevelRunner.decode` replaces the raw responses by what the workload read from them.
-    Times are ``time.perf_counter_ns()``; ``chunk_ns`` then holds only the chunks with content.
-    """
-
-    __slots__ = (
-        "seq",
-        "row",
-        "warmup",
-        "send_ns",
-        "end_ns",
-        "chunk_ns",
-        "raw",
-        "error",
-        "scheduled_ns",
-        "level",
-        "worker",
-        "chunk_tokens",
-        "chunk_audio",
-        "input_tokens",
-        "output_tokens",
-        "first_chunk_tokens",
-        "token_source",
-        "text",
-        "reference",
-        "audio_seconds",
-        "audio",
-        "sample_rate",
-        "label",
-        "scores",
-    )
-
-    def __init__(self, seq: int, row: int, warmup: bool) -> None:
-        self.seq = seq
-        self.row = row
-        self.warmup = warmup
-        self.send_ns = 0
-        self.end_ns = 0
-        self.chunk_ns: list[int] = []
-        self.raw: list[Any] | None = []
-        self.error: str | None = None
-        #: Open loop: when the request was due (its send time minus this is the client's scheduling lag).
-        self.scheduled_ns: int | None = None
-
-    def set_result(self, level: int, worker: int, request: Request, result: Result, chunks: Sequence[Any]) -> None:
-        self.level = level
-        self.worker = worker
-        self.input_tokens = request.input_tokens
-        self.reference = request.reference
-        self.chunk_tokens = [chunk.tokens for chunk in chunks]
-        self.chunk_audio = [chunk.audio_seconds for chunk in chunks]
-        self.output_tokens = result.output_tokens
-        self.first_chunk_tokens = result.first_chunk_tokens
-        self.token_source = result.token_source
-        self.text = result.text
-        self.audio_seconds = result.audio_seconds
-        self.audio = result.audio
-        self.sample_rate = result.sample_rate
-        self.label = request.label
-        self.scores = dict(result.scores)
-        self.raw = None
-
+#: Where each complete, decoded record goes.
+RecordSink = Callable[[Record], None]
+#: The reason requests in flight fail with when the run is interrupted (Ctrl-C).
+INTERRUPTED = "interrupted"
 
 Item = tuple[int, int, bool]  # (sequence number in the level, input row, warmup)
 
 
 @dataclass
 class PhaseResult:
-    """The records of one phase of a level, and the CPU seconds each client process spent sending them."""
+    """The CPU seconds each client process spent on one phase of a level (its records went to the sink)."""
 
-    records: list[Record]
     cpu_s: list[float]
 
 
@@ -118,15 +69,24 @@ class Share:
 
 @dataclass(frozen=True)
 class Level:
-    """One load level: ``concurrency`` slots (closed loop) or ``request_rate`` requests/s (open loop)."""
+    """One load level: ``concurrency`` slots (closed loop) or ``request_rate`` requests/s (open loop), and the input
+    rows of its warmup and measured requests, in the order they are sent."""
 
     index: int
-    num_requests: int
-    warmup: int
+    rows: tuple[int, ...]
+    warmup_rows: tuple[int, ...] = ()
     concurrency: int | None = None
     request_rate: float | None = None
-    #: The input row of the level's first measured request.
-    row_offset: int = 0
+    #: Measured requests whose row an earlier request of the run (this level's warmup included) was sent.
+    reused_rows: int = 0
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.rows)
+
+    @property
+    def warmup(self) -> int:
+        return len(self.warmup_rows)
 
     @property
     def label(self) -> str:
@@ -134,17 +94,15 @@ class Level:
             return f"rate {self.request_rate:g}/s"
         return f"concurrency {self.concurrency}"
 
-    def items(self, rows: int, *, warmup: bool) -> list[Item]:
-        """The warmup or the measured requests. Measured requests walk the rows from ``row_offset``, wrapping
-        around; warmup requests take the rows after them (so they warm no cache for the measured prompts)."""
+    def items(self, *, warmup: bool) -> list[Item]:
+        """The warmup or the measured requests, numbered in one sequence (warmup first)."""
         if warmup:
-            first = self.row_offset + self.num_requests
-            return [(seq, (first + seq) % rows, True) for seq in range(self.warmup)]
-        return [(self.warmup + j, (self.row_offset + j) % rows, False) for j in range(self.num_requests)]
+            return [(seq, row, True) for seq, row in enumerate(self.warmup_rows)]
+        return [(self.warmup + j, row, False) for j, row in enumerate(self.rows)]
 
-    def shares(self, rows: int, workers: int, seed: int, *, warmup: bool) -> list[Share]:
+    def shares(self, workers: int, seed: int, *, warmup: bool) -> list[Share]:
         """Split a phase across ``workers`` processes: slots round-robin, requests in proportion to slots."""
-        items = self.items(rows, warmup=warmup)
+        items = self.items(warmup=warmup)
         seeds = [(seed, self.index, w, int(warmup)) for w in range(workers)]
         if self.request_rate is not None:
             return [Share(items[w::workers], rate=self.request_rate / workers, seed=seeds[w]) for w in range(workers)]
@@ -157,7 +115,7 @@ class Level:
 
 
 class LevelRunner:
-    """Sends the requests of a process's share of each level over one transport, then decodes the responses."""
+    """Sends the requests of a process's share of each level over one transport, decodes each as it completes."""
 
     def __init__(
         self, transport: Transport, workload: Workload, requests: Sequence[Request], *, stream: bool, worker: int = 0
@@ -168,11 +126,18 @@ class LevelRunner:
         self.stream = stream
         self.worker = worker
         self.payloads: list[Any] = []
-        #: Progress of the running level.
+        #: Progress of the running phase.
         self.done = 0
         self.errors = 0
         #: CPU seconds this process spent in the last :meth:`run` (all its threads: grpc's included).
         self.cpu_s = 0.0
+        self._abort: str | None = None
+        self._tasks: list[asyncio.Future[Any]] = []
+        self._complete: deque[Record] = deque()
+        self._wake = asyncio.Event()
+        self._audio_rows: set[int] = set()
+        self._level = 0
+        self._sink: RecordSink = lambda rec: None
 
     async def open(self, slots: int) -> None:
         await self.transport.open(slots)
@@ -181,40 +146,87 @@ class LevelRunner:
     async def close(self) -> None:
         await self.transport.close()
 
-    async def run(self, share: Share) -> list[Record]:
+    async def run(self, share: Share, level: int, sink: RecordSink) -> None:
+        """Send ``share`` (of level ``level``); every record, failed or not, goes to ``sink`` once decoded.
+
+        Cancelling this (Ctrl-C) fails the requests in flight as ``interrupted``, hands them to ``sink`` too, and
+        re-raises.
+        """
         self.done = self.errors = 0
-        records: list[Record] = []
+        self._abort = None
+        self._level, self._sink = level, sink
+        self._audio_rows.clear()
         cpu = time.process_time()
+        consumer = asyncio.ensure_future(self._consume())
         try:
             if share.rate is None:
                 items = iter(share.items)
                 callers = [self.transport.caller(stream=self.stream) for _ in range(share.slots)]  # a stream per slot
-                await asyncio.gather(*(self._slot(items, call, records) for call in callers))
+                self._tasks = [asyncio.ensure_future(self._slot(items, call)) for call in callers]
             elif share.items:
-                await self._open_loop(share, records)
+                self._tasks = [asyncio.ensure_future(self._open_loop(share))]
+            if self._tasks:
+                await self._wait_all()
         finally:
+            self._tasks = []
+            consumer.cancel()
+            self._drain()
             await self.transport.release()
-        self.cpu_s = time.process_time() - cpu
-        return records
+            self.cpu_s = time.process_time() - cpu
 
-    async def _slot(self, items: Iterator[Item], call: Caller, records: list[Record]) -> None:
-        payloads = self.payloads
-        for seq, row, warmup in items:
-            rec = Record(seq, row, warmup)
-            await call(payloads[row], rec)
-            records.append(rec)
-            self.done += 1
-            if rec.error is not None:
-                self.errors += 1
+    async def _wait_all(self) -> None:
+        """Wait for the senders (given up ones end cancelled); on Ctrl-C cancel them, and let each hand over its
+        request in flight first."""
+        try:
+            await asyncio.wait(self._tasks)
+        except asyncio.CancelledError:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.wait(self._tasks)
+            raise
+        for task in self._tasks:
+            if not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
 
-    async def _one(self, call: Caller, rec: Record, records: list[Record]) -> None:
-        await call(self.payloads[rec.row], rec)
-        records.append(rec)
-        self.done += 1
-        if rec.error is not None:
-            self.errors += 1
+    def abort(self, message: str) -> None:
+        """Give up the running phase: send nothing more, fail the requests in flight with ``message``."""
+        if self._abort is not None:
+            return
+        self._abort = message
+        self.transport.abort(message)
+        for task in self._tasks:
+            task.cancel()
 
-    async def _open_loop(self, share: Share, records: list[Record]) -> None:
+    async def _send(self, call: Caller, rec: Record) -> None:
+        """Send one request and queue its record (failed, when cancelled: the phase was given up or interrupted)."""
+        try:
+            await call(self.payloads[rec.row], rec)
+        except asyncio.CancelledError:
+            if not rec.end_ns:  # not answered in full before the cancellation came
+                rec.fail(self._abort or INTERRUPTED, time.perf_counter_ns())
+            raise
+        finally:
+            self._finished(rec)
+
+    async def _slot(self, items: Iterator[Item], call: Caller) -> None:
+        """Send one request after another; after a request the server did not answer, wait a little longer each
+        time before the next (BACKOFF_S doubling up to BACKOFF_MAX_S), so that a dead server is not flooded with
+        requests that fail at once while the run finds out it is gone."""
+        backoff = 0.0
+        try:
+            for seq, row, warmup in items:
+                if self._abort is not None:
+                    return
+                if backoff:
+                    await asyncio.sleep(backoff)
+                rec = Record(seq, row, warmup)
+                await self._send(call, rec)
+                backoff = min(2 * backoff or BACKOFF_S, BACKOFF_MAX_S) if rec.unanswered else 0.0
+        except asyncio.CancelledError:
+            if self._abort is None:
+                raise
+
+    async def _open_loop(self, share: Share) -> None:
         import numpy as np
 
         assert share.rate is not None
@@ -223,51 +235,81 @@ class LevelRunner:
         offsets = np.cumsum(gaps).astype(np.int64).tolist()
         tasks: set[asyncio.Future[None]] = set()
         start = time.perf_counter_ns()
-        for (seq, row, warmup), offset in zip(share.items, offsets, strict=True):
-            due = start + offset
-            delay = due - time.perf_counter_ns()
-            if delay > 0:
-                await asyncio.sleep(delay / 1e9)
-            rec = Record(seq, row, warmup)
-            rec.scheduled_ns = due
-            task = asyncio.ensure_future(self._one(call, rec, records))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.gather(*tasks)
+        try:
+            for (seq, row, warmup), offset in zip(share.items, offsets, strict=True):
+                due = start + offset
+                delay = due - time.perf_counter_ns()
+                if delay > 0:
+                    await asyncio.sleep(delay / 1e9)
+                rec = Record(seq, row, warmup)
+                rec.scheduled_ns = due
+                task = asyncio.ensure_future(self._send(call, rec))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.wait(tasks)
+        except asyncio.CancelledError:
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks)
+            if self._abort is None:
+                raise
 
-    def decode(self, records: list[Record], level: int) -> None:
-        """Read every kept response through the workload; an unreadable one fails its request.
+    def _finished(self, rec: Record) -> None:
+        self.done += 1
+        if rec.error is not None:
+            self.errors += 1
+        self._complete.append(rec)
+        self._wake.set()
 
-        Audio is kept for the first measured request of each input row (what the reports save), not for others.
+    async def _consume(self) -> None:
+        """Decode complete records while the load runs, one at a time, each after what is ready to run (the next
+        request of the slot that completed it, the responses that came meanwhile) has run."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._complete:
+                await asyncio.sleep(0)
+                self._emit(self._complete.popleft())
+
+    def _drain(self) -> None:
+        while self._complete:
+            self._emit(self._complete.popleft())
+
+    def _emit(self, rec: Record) -> None:
+        self.decode(rec)
+        if rec.audio is not None and (rec.warmup or rec.row in self._audio_rows):
+            rec.audio = None
+        elif rec.audio is not None:
+            self._audio_rows.add(rec.row)
+        self._sink(rec)
+
+    def decode(self, rec: Record) -> None:
+        """Read the record's responses through the workload; an unreadable one fails its request.
+
+        Audio is kept for the first measured request of each input row of a level (what the reports save).
         """
-        workload, decode = self.workload, self.transport.decode
-        audio_rows: set[int] = set()
-        for rec in records:
-            request = self.requests[rec.row]
-            chunks: list[Any] = []
-            times: list[int] = []
-            result = Result()
-            if rec.error is None:
-                try:
-                    for arrived, raw in zip(rec.chunk_ns, rec.raw or (), strict=True):
-                        chunk = workload.parse_chunk(decode(raw), request)
-                        if chunk.has_content:
-                            chunks.append(chunk)
-                            times.append(arrived)
-                    result = workload.finish(request, chunks)
-                except Exception as exc:  # a response the workload cannot read is a failed request, not a crash
-                    rec.error = f"unreadable response: {type(exc).__name__}: {exc}"
-                    chunks, times, result = [], [], Result()
-            rec.chunk_ns = times
-            rec.set_result(level, self.worker, request, result, chunks)
-            if rec.audio is not None and (rec.warmup or rec.row in audio_rows):
-                rec.audio = None
-            elif rec.audio is not None:
-                audio_rows.add(rec.row)
+        request = self.requests[rec.row]
+        chunks: list[Any] = []
+        times: list[int] = []
+        result = Result()
+        if rec.error is None:
+            try:
+                for arrived, raw in zip(rec.chunk_ns, rec.raw or (), strict=True):
+                    chunk = self.workload.parse_chunk(self.transport.decode(raw), request)
+                    if chunk.has_content:
+                        chunks.append(chunk)
+                        times.append(arrived)
+                result = self.workload.finish(request, chunks)
+            except Exception as exc:  # a response the workload cannot read is a failed request, not a crash
+                rec.error = f"unreadable response: {type(exc).__name__}: {exc}"
+                chunks, times, result = [], [], Result()
+        rec.chunk_ns = times
+        rec.set_result(self._level, self.worker, request, result, chunks)
 
 
-# --- worker processes ------------------------------------------------------------------------------------------
+# --- drivers: this process, or worker processes ----------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -286,6 +328,22 @@ class WorkerSpec:
         return LevelRunner(transport, workload, requests, stream=self.stream, worker=worker)
 
 
+async def _ticking(period: float, tick: Callable[[], None], work: Any) -> Any:
+    """Await ``work`` while calling ``tick`` every ``period`` seconds (and once at the end)."""
+
+    async def ticker() -> None:
+        while True:
+            await asyncio.sleep(period)
+            tick()
+
+    task = asyncio.ensure_future(ticker())
+    try:
+        return await work
+    finally:
+        task.cancel()
+        tick()
+
+
 class LocalDriver:
     """Runs the load in this process (``--workers 1``), reporting progress every PROGRESS_INTERVAL seconds."""
 
@@ -297,25 +355,18 @@ class LocalDriver:
         await self._runner.open(self._spec.slots)
 
     async def run_phase(
-        self, level: Level, rows: int, seed: int, progress: ProgressCallback, *, warmup: bool
+        self, level: Level, seed: int, progress: ProgressCallback, sink: RecordSink, *, warmup: bool
     ) -> PhaseResult:
-        """Run one phase (warmup or measured) of a level."""
+        """Run one phase (warmup or measured) of a level; each record goes to ``sink`` as it completes."""
         runner = self._runner
-        (share,) = level.shares(rows, 1, seed, warmup=warmup)
+        (share,) = level.shares(1, seed, warmup=warmup)
+        await _ticking(
+            PROGRESS_INTERVAL, lambda: progress(runner.done, runner.errors), runner.run(share, level.index, sink)
+        )
+        return PhaseResult([runner.cpu_s])
 
-        async def tick() -> None:
-            while True:
-                await asyncio.sleep(PROGRESS_INTERVAL)
-                progress(runner.done, runner.errors)
-
-        ticker = asyncio.ensure_future(tick())
-        try:
-            records = await runner.run(share)
-        finally:
-            ticker.cancel()
-        progress(runner.done, runner.errors)
-        runner.decode(records, level.index)
-        return PhaseResult(records, [runner.cpu_s])
+    def abort(self, message: str) -> None:
+        self._runner.abort(message)
 
     async def close(self) -> None:
         await self._runner.close()
@@ -343,25 +394,29 @@ async def _worker_loop(
             command, *args = conn.recv()  # blocking is fine: nothing else runs in this process between levels
             if command == "stop":
                 return
+            if command != "run":
+                continue  # an abort that came after the phase had ended
             level, share = args
             conn.send(("armed", None))
             if conn.recv()[0] != "go":  # the parent gave up on this level ("stop")
                 return
-
-            async def tick() -> None:
-                while True:
-                    await asyncio.sleep(PROGRESS_INTERVAL)
-                    conn.send(("progress", (runner.done, runner.errors)))
-
-            ticker = asyncio.ensure_future(tick())
-            try:
-                records = await runner.run(share)
-            finally:
-                ticker.cancel()
-            runner.decode(records, level)
-            conn.send(("done", PhaseResult(records, [runner.cpu_s])))
+            batch: list[Record] = []
+            tick = partial(_report_to_parent, conn, runner, batch)
+            await _ticking(PROGRESS_INTERVAL, tick, runner.run(share, level, batch.append))
+            conn.send(("done", PhaseResult([runner.cpu_s])))
     finally:
         await runner.close()
+
+
+def _report_to_parent(conn: Connection, runner: LevelRunner, batch: list[Record]) -> None:
+    """A worker's tick: obey an abort from the parent, report progress with the records completed since the last
+    tick."""
+    while conn.poll():
+        command, *args = conn.recv()
+        if command == "abort":
+            runner.abort(args[0])
+    conn.send(("progress", ((runner.done, runner.errors), batch[:])))
+    batch.clear()
 
 
 class WorkerPool:
@@ -381,6 +436,7 @@ class WorkerPool:
             child.close()
             self._conns.append(parent)
             self._procs.append(proc)
+        self._active: list[Connection] = []
         #: A phase is running: closing now (Ctrl-C, an error) terminates the workers instead of waiting.
         self._busy = False
 
@@ -413,11 +469,15 @@ class WorkerPool:
         await self._gather(self._conns, "ready")
 
     async def run_phase(
-        self, level: Level, rows: int, seed: int, progress: ProgressCallback, *, warmup: bool
+        self, level: Level, seed: int, progress: ProgressCallback, sink: RecordSink, *, warmup: bool
     ) -> PhaseResult:
-        """Run one phase (warmup or measured) of a level on every worker that has requests in it."""
+        """Run one phase (warmup or measured) of a level on every worker that has requests in it.
+
+        Records reach ``sink`` in batches, as the workers report progress. On Ctrl-C the workers are told to give
+        up and get WORKER_FLUSH_S seconds to hand over what they have.
+        """
         self._busy = True
-        shares = level.shares(rows, len(self._conns), seed, warmup=warmup)
+        shares = level.shares(len(self._conns), seed, warmup=warmup)
         active = [conn for conn, share in zip(self._conns, shares, strict=True) if share.items]
         for conn, share in zip(self._conns, shares, strict=True):
             if share.items:
@@ -425,17 +485,35 @@ class WorkerPool:
         await self._gather(active, "armed")
         for conn in active:
             conn.send(("go",))
+        self._active = active
         counts: dict[Connection, tuple[int, int]] = {}
 
-        def on_progress(conn: Connection, payload: tuple[int, int]) -> None:
-            counts[conn] = payload
+        def on_progress(conn: Connection, payload: tuple[tuple[int, int], list[Record]]) -> None:
+            counts[conn], records = payload
+            for rec in records:
+                sink(rec)
             progress(sum(c[0] for c in counts.values()), sum(c[1] for c in counts.values()))
 
-        done = await self._gather(active, "done", on_progress)
+        try:
+            done = await self._gather(active, "done", on_progress)
+        except asyncio.CancelledError:
+            self.abort(INTERRUPTED)
+            try:
+                await within(self._gather(active, "done", on_progress), WORKER_FLUSH_S)
+            except asyncio.TimeoutError:
+                pass  # what a stuck worker holds is lost; it is terminated on close
+            raise
+        finally:
+            self._active = []
         self._busy = False
-        records = [rec for conn in active for rec in done[conn].records]
-        progress(len(records), sum(rec.error is not None for rec in records))
-        return PhaseResult(records, [cpu for conn in active for cpu in done[conn].cpu_s])
+        return PhaseResult([cpu for conn in active for cpu in done[conn].cpu_s])
+
+    def abort(self, message: str) -> None:
+        for conn in self._active:
+            try:
+                conn.send(("abort", message))
+            except (OSError, ValueError):
+                pass
 
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self._stop)

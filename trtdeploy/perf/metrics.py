@@ -6,6 +6,7 @@ Times come from ``perf_counter_ns``; a level's measured requests exclude its war
 from __future__ import annotations
 
 import math
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import pairwise
@@ -14,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import UsageError
 
 if TYPE_CHECKING:
-    from .loadgen import Level, Record
+    from .loadgen import Level
+    from .records import Record
 
 #: What every reported number means (also written into summary.json).
 DEFINITIONS = {
@@ -24,7 +26,8 @@ DEFINITIONS = {
     "itl_ms": "(E2E - TTFT) / (output tokens - tokens in the first chunk), when that denominator is > 0 (not for "
     "answers of zero tokens, nor when every token came in the first chunk)",
     "icl_ms": "gaps between consecutive chunks with content, pooled over the requests",
-    "output_tokens_per_user": "output tokens / E2E of one request (tokens/s one user sees)",
+    "output_tokens_per_user": "1000 / ITL of one request: the tokens/s one user sees while the answer streams "
+    "(AIPerf's and genai-perf's definition; TTFT is not in it)",
     "duration_s": "window: last end minus first send over the measured requests",
     "request_throughput": "successful requests / window",
     "input_token_throughput": "input tokens of the successful requests / window",
@@ -46,11 +49,21 @@ DEFINITIONS = {
     "second_chunk_ms": "TTS: second chunk minus first chunk",
     "rtf": "TTS: E2E / audio seconds of one request (lower is better)",
     "rtf_aggregate": "TTS: window / total audio seconds",
+    "input_rows_reused": "measured requests sent with an input row that an earlier request of the run (warmup "
+    "included) was sent with: 0 unless the input has fewer rows than the run sends, or --reuse-rows asks for it",
+    "planned_requests": "measured requests the level was to send (fewer were sent when it ended early)",
+    "status": "complete, or how the level ended early: server_lost (the server stopped answering; the requests "
+    "in flight failed) or interrupted (Ctrl-C; the requests in flight failed)",
+    "server.metrics.gauges": "each Prometheus gauge sampled about every second while the level ran: min, mean, max",
     "underrun_requests": "TTS: requests with a chunk that arrived after the audio received before it had "
     "finished playing (playback starting at the first chunk)",
     "scheduling_lag_ms": "request rate: send time minus the Poisson arrival time it was due at",
     "client_cpu_utilization": "CPU seconds of the busiest client process / window; near 1 the client, not "
     "the server, may be the bottleneck",
+    "asr": "intelligibility of the first measured request of each input row, transcribed by Whisper: punctuation "
+    "(ASCII and Chinese, but the apostrophe) stripped, English lower-cased and scored per word, Chinese per "
+    "character (seed-tts-eval's rules); wer_mean/cer_mean: mean of the per-utterance rates (seed-tts-eval's "
+    "number, as a fraction); wer_corpus/cer_corpus: all errors / all reference words or characters",
     "statistics": "count, mean, population std, min, p50/p90/p95/p99 (linear interpolation), max",
 }
 PERCENTILES = (50, 90, 95, 99)
@@ -164,7 +177,8 @@ def request_metrics(rec: Record, *, stream: bool, family: str) -> dict[str, Any]
         out["ttft_ms"] = first_ms
         defined = first_ms is not None and tokens is not None and first_tokens is not None and tokens > first_tokens
         out["itl_ms"] = (e2e_ms - first_ms) / (tokens - first_tokens) if defined else None
-        out["output_tokens_per_user"] = tokens / (e2e_ms / 1e3) if tokens is not None and e2e_ms > 0 else None
+        itl = out["itl_ms"]
+        out["output_tokens_per_user"] = 1e3 / itl if itl else None
     out["icl_ms"] = gaps
     if rec.reference is not None and rec.text is not None:
         out["exact_match"] = normalize_text(rec.text) == normalize_text(str(rec.reference))
@@ -191,16 +205,146 @@ def _per_second(amount: float | None, window_s: float) -> float | None:
     return amount / window_s if amount is not None and window_s > 0 else None
 
 
-def token_source(records: Iterable[Record]) -> str | None:
-    """``server``, ``retokenized``, ``mixed``, or None when no request had a token count."""
-    sources = {rec.token_source for rec in records if rec.token_source is not None}
-    if not sources:
-        return None
-    return sources.pop() if len(sources) == 1 else "mixed"
+#: Per-request metrics kept as series for the level's statistics, per family.
+_SERIES = {
+    "llm": ("ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_user", "input_tokens", "output_tokens"),
+    "tts": ("first_chunk_ms", "second_chunk_ms", "e2e_ms", "rtf"),
+}
+
+
+class LevelStats:
+    """The summary of one level, built one record at a time as records complete.
+
+    Memory per request is a few 8-byte numbers (and one per chunk gap): no record is kept.
+    """
+
+    def __init__(self, level: Level, *, stream: bool, family: str, slo: Mapping[str, float]) -> None:
+        self.level = level
+        self.stream = stream
+        self.family = family
+        self.slo = dict(slo)
+        self.measured = self.warmup = self.ok = self.met_slo = self.zero_output = self.underrun_requests = 0
+        self.first_send: int | None = None
+        self.last_end: int | None = None
+        self.busy_ns = 0
+        self.audio_seconds = 0.0
+        self.series = {name: array("d") for name in _SERIES["tts" if family == "tts" else "llm"]}
+        self.icl = array("d")
+        self.lags = array("d")
+        self.errors: Counter[str] = Counter()
+        self.token_sources: set[str] = set()
+        #: Token totals of the successful requests; None once one of them has no count.
+        self.input_total: int | None = 0
+        self.output_total: int | None = 0
+        self.accuracy = [0, 0, 0.0]  # requests scored, exact matches, sum of ROUGE-L F1
+        self.scores: dict[str, list[float]] = {}  # name -> [sum, count]
+
+    def add(self, rec: Record) -> None:
+        """Count one decoded record (warmup records only as such)."""
+        if rec.warmup:
+            self.warmup += 1
+            return
+        self.measured += 1
+        self.first_send = rec.send_ns if self.first_send is None else min(self.first_send, rec.send_ns)
+        self.last_end = rec.end_ns if self.last_end is None else max(self.last_end, rec.end_ns)
+        self.busy_ns += rec.end_ns - rec.send_ns
+        if rec.scheduled_ns is not None:
+            self.lags.append((rec.send_ns - rec.scheduled_ns) / 1e6)
+        if rec.error is not None:
+            self.errors[rec.error] += 1
+            return
+        self.ok += 1
+        metrics = request_metrics(rec, stream=self.stream, family=self.family)
+        if self.family == "llm":
+            metrics.update(input_tokens=rec.input_tokens, output_tokens=rec.output_tokens)
+            self.input_total = _add(self.input_total, rec.input_tokens)
+            self.output_total = _add(self.output_total, rec.output_tokens)
+            self.zero_output += rec.output_tokens == 0
+            if rec.token_source is not None:
+                self.token_sources.add(rec.token_source)
+        else:
+            self.audio_seconds += metrics["audio_seconds"] or 0.0
+            self.underrun_requests += bool(metrics["underruns"])
+        for name, values in self.series.items():
+            if metrics.get(name) is not None:
+                values.append(metrics[name])
+        self.icl.extend(metrics["icl_ms"])
+        self.met_slo += bool(self.slo) and meets_slo(metrics, self.slo)
+        if "exact_match" in metrics:
+            self.accuracy[0] += 1
+            self.accuracy[1] += metrics["exact_match"]
+            self.accuracy[2] += metrics["rouge_l_f1"]
+        for name, value in rec.scores.items():
+            total = self.scores.setdefault(name, [0.0, 0])
+            total[0] += value
+            total[1] += 1
+
+    def _token_source(self) -> str | None:
+        """``server``, ``retokenized``, ``mixed``, or None when no request had a token count."""
+        if len(self.token_sources) > 1:
+            return "mixed"
+        return next(iter(self.token_sources), None)
+
+    def summary(self, client_cpu_s: Sequence[float] = (), status: str = "complete") -> dict[str, Any]:
+        """The summary of the level (JSON-ready; ``None`` where a metric is not defined)."""
+        level, failed = self.level, self.measured - self.ok
+        window_s = (self.last_end - self.first_send) / 1e9 if self.measured else 0.0
+        summary: dict[str, Any] = {
+            "level": level.index,
+            "concurrency": level.concurrency,
+            "request_rate": level.request_rate,
+            "status": status,
+            "requests": self.measured,
+            "warmup_requests": self.warmup,
+            "completed": self.ok,
+            "errors": failed,
+            "error_rate": failed / self.measured if self.measured else 0.0,
+            "input_rows_reused": level.reused_rows,
+            "duration_s": window_s,
+            "achieved_concurrency": self.busy_ns / 1e9 / window_s if window_s > 0 else None,
+            "request_throughput": _per_second(self.ok, window_s),
+            "client_cpu_s": sum(client_cpu_s),
+            "client_cpu_utilization": max(client_cpu_s) / window_s if client_cpu_s and window_s > 0 else None,
+        }
+        series = {name: describe(values) for name, values in self.series.items()}
+        if self.family == "tts":
+            summary.update(
+                audio_seconds=self.audio_seconds,
+                rtf_aggregate=window_s / self.audio_seconds if self.audio_seconds > 0 else None,
+                first_chunk_ms=series["first_chunk_ms"],
+                second_chunk_ms=series["second_chunk_ms"],
+                e2e_ms=series["e2e_ms"],
+                rtf=series["rtf"],
+                underrun_requests=self.underrun_requests if self.stream else None,
+            )
+        else:
+            output_total = self.output_total if self.ok else None
+            input_total = self.input_total if self.ok else None
+            summary.update(
+                token_source=self._token_source(),
+                output_token_throughput=_per_second(output_total, window_s),
+                zero_output_requests=self.zero_output,
+                input_token_throughput=_per_second(input_total, window_s),
+                **{name: series[name] for name in _SERIES["llm"]},
+            )
+        summary["icl_ms"] = describe(self.icl)
+        summary["goodput"] = _per_second(self.met_slo, window_s) if self.slo else None
+        summary["scheduling_lag_ms"] = describe(self.lags)
+        scored, exact, rouge = self.accuracy
+        summary["accuracy"] = (
+            {"requests": scored, "exact_match": exact / scored, "rouge_l_f1": rouge / scored} if scored else None
+        )
+        summary["scores"] = {name: total / count for name, (total, count) in sorted(self.scores.items())}
+        summary["error_messages"] = dict(self.errors.most_common(ERROR_SAMPLES))
+        return summary
+
+
+def _add(total: int | None, value: int | None) -> int | None:
+    return None if total is None or value is None else total + value
 
 
 def summarize_level(
-    records: Sequence[Record],
+    records: Iterable[Record],
     level: Level,
     *,
     stream: bool,
@@ -208,79 +352,8 @@ def summarize_level(
     slo: Mapping[str, float],
     client_cpu_s: Sequence[float] = (),
 ) -> dict[str, Any]:
-    """The summary of one level (JSON-ready; ``None`` where a metric is not defined)."""
-    measured = [rec for rec in records if not rec.warmup]
-    ok = [rec for rec in measured if rec.error is None]
-    failed = len(measured) - len(ok)
-    per_request = [request_metrics(rec, stream=stream, family=family) for rec in ok]
-    window_s = (max(r.end_ns for r in measured) - min(r.send_ns for r in measured)) / 1e9 if measured else 0.0
-    busy_s = sum(r.end_ns - r.send_ns for r in measured) / 1e9
-
-    summary: dict[str, Any] = {
-        "level": level.index,
-        "concurrency": level.concurrency,
-        "request_rate": level.request_rate,
-        "requests": len(measured),
-        "warmup_requests": len(records) - len(measured),
-        "completed": len(ok),
-        "errors": failed,
-        "error_rate": failed / len(measured) if measured else 0.0,
-        "duration_s": window_s,
-        "achieved_concurrency": busy_s / window_s if window_s > 0 else None,
-        "request_throughput": _per_second(len(ok), window_s),
-        "client_cpu_s": sum(client_cpu_s),
-        "client_cpu_utilization": max(client_cpu_s) / window_s if client_cpu_s and window_s > 0 else None,
-    }
-
-    def series(key: str) -> dict[str, float] | None:
-        return describe(m[key] for m in per_request if m.get(key) is not None)
-
-    if family == "tts":
-        audio = sum(m["audio_seconds"] or 0.0 for m in per_request)
-        summary.update(
-            audio_seconds=audio,
-            rtf_aggregate=window_s / audio if audio > 0 else None,
-            first_chunk_ms=series("first_chunk_ms"),
-            second_chunk_ms=series("second_chunk_ms"),
-            e2e_ms=series("e2e_ms"),
-            rtf=series("rtf"),
-            underrun_requests=sum(1 for m in per_request if m["underruns"]) if stream else None,
-        )
-    else:
-        out_tokens = [rec.output_tokens for rec in ok]
-        in_tokens = [rec.input_tokens for rec in ok]
-        known_out = None if not ok or any(t is None for t in out_tokens) else sum(out_tokens)  # type: ignore[misc]
-        known_in = None if not ok or any(t is None for t in in_tokens) else sum(in_tokens)  # type: ignore[misc]
-        summary.update(
-            token_source=token_source(ok),
-            output_token_throughput=_per_second(known_out, window_s),
-            zero_output_requests=sum(1 for t in out_tokens if t == 0),
-            input_token_throughput=_per_second(known_in, window_s),
-            ttft_ms=series("ttft_ms"),
-            itl_ms=series("itl_ms"),
-            e2e_ms=series("e2e_ms"),
-            output_tokens_per_user=series("output_tokens_per_user"),
-            input_tokens=describe(t for t in in_tokens if t is not None),
-            output_tokens=describe(t for t in out_tokens if t is not None),
-        )
-    summary["icl_ms"] = describe(gap for m in per_request for gap in m["icl_ms"])
-    summary["goodput"] = _per_second(sum(meets_slo(m, slo) for m in per_request), window_s) if slo else None
-    lags = [(rec.send_ns - rec.scheduled_ns) / 1e6 for rec in measured if rec.scheduled_ns is not None]
-    summary["scheduling_lag_ms"] = describe(lags)
-    scored = [m for m in per_request if "exact_match" in m]
-    summary["accuracy"] = (
-        {
-            "requests": len(scored),
-            "exact_match": sum(m["exact_match"] for m in scored) / len(scored),
-            "rouge_l_f1": sum(m["rouge_l_f1"] for m in scored) / len(scored),
-        }
-        if scored
-        else None
-    )
-    score_names = sorted({name for rec in ok for name in rec.scores})
-    summary["scores"] = {
-        name: sum(rec.scores[name] for rec in ok if name in rec.scores) / sum(name in rec.scores for rec in ok)
-        for name in score_names
-    }
-    summary["error_messages"] = dict(Counter(rec.error for rec in measured if rec.error).most_common(ERROR_SAMPLES))
-    return summary
+    """The summary of one level from all its records (see :class:`LevelStats`)."""
+    stats = LevelStats(level, stream=stream, family=family, slo=slo)
+    for rec in records:
+        stats.add(rec)
+    return stats.summary(client_cpu_s)

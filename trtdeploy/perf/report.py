@@ -7,18 +7,21 @@ import csv
 import json
 import re
 import sys
+import time
 import wave
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from .metrics import request_metrics
+from ..fsutil import atomic_write_text
+from .metrics import DEFINITIONS, request_metrics
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-    from .runner import PerfRun
+    from .loadgen import Level
+    from .records import Record
 
 SUMMARY_JSON = "summary.json"
 SUMMARY_CSV = "summary.csv"
@@ -28,6 +31,8 @@ THROUGHPUT_PNG = "throughput.png"
 AUDIO_DIR = "audio"
 #: Client CPU utilization from which the table warns that the client may have been the bottleneck.
 CLIENT_BUSY = 0.9
+#: Seconds between flushes of requests.jsonl while a level runs (every level's end flushes too).
+FLUSH_INTERVAL_S = 1.0
 
 
 class LiveProgress:
@@ -104,7 +109,10 @@ def results_table(summary: dict[str, Any]) -> Table:
     else:
         metrics = ("ttft_ms", "itl_ms", "e2e_ms") if summary["stream"] else ("e2e_ms",)
     columns = ["rate" if open_loop else "concurrency", "requests", "errors", "req/s", "RTF" if tts else "out tok/s"]
-    columns += [f"{_NAMES[metric]} p50/p99" for metric in metrics] + ["goodput"]
+    columns += [f"{_NAMES[metric]} p50/p99" for metric in metrics]
+    if summary["stream"]:
+        columns.append("ICL p99/max")  # a stalled stream shows here even when ITL averages it away
+    columns.append("goodput")
     asr = tts and any(level.get("asr") for level in levels)
     if tts:
         columns.insert(columns.index("goodput"), "E2E avg")
@@ -113,9 +121,13 @@ def results_table(summary: dict[str, Any]) -> Table:
     for name in columns:
         table.add_column(name, justify="right")
     for level in levels:
-        row = [_x_label(level), str(level["requests"]), str(level["errors"]), _num(level["request_throughput"])]
+        ended_early = level.get("status", "complete") != "complete"
+        label = _x_label(level) + ("*" if ended_early else "")
+        row = [label, str(level["requests"]), str(level["errors"]), _num(level["request_throughput"])]
         row.append(_num(level["rtf_aggregate"] if tts else level["output_token_throughput"]))
         row += [f"{_num(_stat(level, m, 'p50'))}/{_num(_stat(level, m, 'p99'))}" for m in metrics]
+        if summary["stream"]:
+            row.append(f"{_num(_stat(level, 'icl_ms', 'p99'))}/{_num(_stat(level, 'icl_ms', 'max'))}")
         if tts:
             row.append(_num(_stat(level, "e2e_ms", "mean")))
         row.append(_num(level["goodput"]))
@@ -124,6 +136,9 @@ def results_table(summary: dict[str, Any]) -> Table:
             row += [_percent(scores.get("wer_mean")), _percent(scores.get("cer_mean"))]
         table.add_row(*row, style="red" if level["errors"] else None)
     notes = ["latencies in ms"]
+    early = sorted({level["status"] for level in levels if level.get("status", "complete") != "complete"})
+    if early:
+        notes.append(f"[red]* ended early: {', '.join(status.replace('_', ' ') for status in early)}[/]")
     if not tts and levels and levels[0].get("token_source"):
         notes.append(f"tokens: {levels[0]['token_source']}")
     if asr:
@@ -181,73 +196,51 @@ def write_csv(path: Path, rows: Iterable[dict[str, Any]]) -> None:
         writer.writerows(rows)
 
 
-def request_rows(run: PerfRun) -> Iterable[dict[str, Any]]:
-    """``requests.jsonl`` rows: every request (warmup and failed ones too) with its level and metrics."""
-    summary = run.summary
-    levels = {level["level"]: level for level in summary["levels"]}
-    starts: dict[int, int] = {}
-    for rec in run.records:
-        starts[rec.level] = min(starts.get(rec.level, rec.send_ns), rec.send_ns)
-    for rec in run.records:
-        level = levels[rec.level]
-        row: dict[str, Any] = {
-            "level": rec.level,
-            "concurrency": level["concurrency"],
-            "request_rate": level["request_rate"],
-            "worker": rec.worker,
-            "seq": rec.seq,
-            "row": rec.row,
-            "warmup": rec.warmup,
-            "start_ms": (rec.send_ns - starts[rec.level]) / 1e6,
-            "error": rec.error,
-        }
-        if rec.scheduled_ns is not None:
-            row["lag_ms"] = (rec.send_ns - rec.scheduled_ns) / 1e6
-        if rec.error is None:
-            metrics = request_metrics(rec, stream=summary["stream"], family=summary["family"])
-            metrics.pop("icl_ms")
-            row.update(metrics)
-            row["chunk_ms"] = [(t - rec.send_ns) / 1e6 for t in rec.chunk_ns]
-            row["chunk_tokens"] = rec.chunk_tokens
-            if summary["family"] == "tts":
-                row["chunk_audio_seconds"] = rec.chunk_audio
-            row.update(
-                input_tokens=rec.input_tokens,
-                output_tokens=rec.output_tokens,
-                first_chunk_tokens=rec.first_chunk_tokens,
-                token_source=rec.token_source,
-                text=rec.text,
-            )
-            if rec.scores:
-                row["scores"] = rec.scores
-        else:
-            row["e2e_ms"] = (rec.end_ns - rec.send_ns) / 1e6
-        if rec.reference is not None:
-            row["reference"] = rec.reference
-        yield row
+def request_row(rec: Record, level: Level, *, stream: bool, family: str, origin_ns: int) -> dict[str, Any]:
+    """The ``requests.jsonl`` row of one request (warmup and failed ones too): its level, times and metrics.
+
+    ``start_ms`` is its send time in ms after ``origin_ns`` (the start of the run).
+    """
+    row: dict[str, Any] = {
+        "level": level.index,
+        "concurrency": level.concurrency,
+        "request_rate": level.request_rate,
+        "worker": rec.worker,
+        "seq": rec.seq,
+        "row": rec.row,
+        "warmup": rec.warmup,
+        "start_ms": (rec.send_ns - origin_ns) / 1e6,
+        "error": rec.error,
+    }
+    if rec.scheduled_ns is not None:
+        row["lag_ms"] = (rec.send_ns - rec.scheduled_ns) / 1e6
+    if rec.error is None:
+        metrics = request_metrics(rec, stream=stream, family=family)
+        metrics.pop("icl_ms")
+        row.update(metrics)
+        row["chunk_ms"] = [(t - rec.send_ns) / 1e6 for t in rec.chunk_ns]
+        row["chunk_tokens"] = rec.chunk_tokens
+        if family == "tts":
+            row["chunk_audio_seconds"] = rec.chunk_audio
+        row.update(
+            input_tokens=rec.input_tokens,
+            output_tokens=rec.output_tokens,
+            first_chunk_tokens=rec.first_chunk_tokens,
+            token_source=rec.token_source,
+            text=rec.text,
+        )
+        if rec.scores:
+            row["scores"] = rec.scores
+    else:
+        row["e2e_ms"] = (rec.end_ns - rec.send_ns) / 1e6
+    if rec.reference is not None:
+        row["reference"] = rec.reference
+    return row
 
 
-def level_folder(level: dict[str, Any]) -> str:
+def level_folder(concurrency: int | None, request_rate: float | None) -> str:
     """``c4`` for concurrency 4, ``rate2.5`` for 2.5 requests/s."""
-    rate = level["request_rate"]
-    return f"c{level['concurrency']}" if rate is None else f"rate{rate:g}"
-
-
-def audio_paths(run: PerfRun) -> dict[int, Path]:
-    """Where each record with audio is saved, by record index: ``audio/<level>/<label>.wav`` (relative)."""
-    levels = {level["level"]: level for level in run.summary["levels"]}
-    paths: dict[int, Path] = {}
-    taken: set[Path] = set()
-    for index, rec in enumerate(run.records):
-        if rec.audio is None:
-            continue
-        name = re.sub(r"[^A-Za-z0-9._-]+", "_", rec.label or "")[:100].strip("._") or f"row{rec.row:05d}"
-        path = Path(AUDIO_DIR) / level_folder(levels[rec.level]) / f"{name}.wav"
-        if path in taken:
-            path = path.with_name(f"{name}-row{rec.row:05d}.wav")
-        taken.add(path)
-        paths[index] = path
-    return paths
+    return f"c{concurrency}" if request_rate is None else f"rate{request_rate:g}"
 
 
 def write_wav(path: Path, samples: Any, sample_rate: int) -> None:
@@ -261,6 +254,15 @@ def write_wav(path: Path, samples: Any, sample_rate: int) -> None:
         fh.setsampwidth(2)
         fh.setframerate(sample_rate)
         fh.writeframes(pcm.tobytes())
+
+
+def read_wav(path: Path) -> tuple[Any, int]:
+    """Float samples in [-1, 1] and the rate of a 16-bit PCM mono WAV (as :func:`write_wav` writes them)."""
+    import numpy as np
+
+    with wave.open(str(path), "rb") as fh:
+        rate, frames = fh.getframerate(), fh.readframes(fh.getnframes())
+    return np.frombuffer(frames, dtype="<i2").astype(np.float32) / 32767.0, rate
 
 
 def _level_axis(axis: Any, xs: list[float], open_loop: bool) -> None:
@@ -332,39 +334,104 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
-def write_reports(
-    run: PerfRun, output_dir: Path, *, plots: bool = True, warn: Callable[[str], None] = warn_on_stderr
-) -> list[Path]:
-    """Write summary.json, summary.csv, requests.jsonl, the audio (``audio/<level>/<label>.wav``) and (with
-    ``plots``) the PNG plots into ``output_dir``.
+class ReportWriter:
+    """Writes a run's reports as it goes: every record to ``requests.jsonl`` (and its audio) as it completes, the
+    summary files after every level, the plots at the end. A :class:`~trtdeploy.perf.runner.RunObserver`.
 
-    The plots come last, and a failure there (matplotlib missing, a plotting error) costs only the plots: it is
-    passed to ``warn`` as one line, and the other reports stay.
+    Whatever ends the run (the server lost, Ctrl-C), :meth:`finish` leaves complete files for what was measured.
     """
-    output_dir.mkdir(parents=True, exist_ok=True)
-    summary_json = output_dir / SUMMARY_JSON
-    summary_json.write_text(json.dumps(run.summary, indent=2, default=str) + "\n", encoding="utf-8")
-    summary_csv = output_dir / SUMMARY_CSV
-    write_csv(summary_csv, (_flatten(level) for level in run.summary["levels"]))
-    audio = audio_paths(run)
-    for index, path in audio.items():
-        rec = run.records[index]
-        write_wav(output_dir / path, rec.audio, rec.sample_rate)
-    requests = output_dir / REQUESTS_JSONL
-    with open(requests, "w", encoding="utf-8") as fh:
-        for index, row in enumerate(request_rows(run)):
-            if index in audio:
-                row["audio_file"] = audio[index].as_posix()
-            fh.write(json.dumps(row, default=str) + "\n")
-    written = [summary_json, summary_csv, requests, *(output_dir / path for path in audio.values())]
-    if plots and run.summary["levels"]:
-        try:
-            written += write_plots(run.summary, output_dir)
-        except ImportError as exc:
-            warn(
-                f"plots skipped: matplotlib cannot be imported ({_one_line(exc)}); "
-                "install it with `pip install 'trtdeploy[perf]'`, or pass --no-plots"
-            )
-        except Exception as exc:
-            warn(f"plots skipped: {_one_line(exc)} (the other reports are written)")
-    return written
+
+    def __init__(self, output_dir: Path, *, plots: bool = True, warn: Callable[[str], None] = warn_on_stderr) -> None:
+        self.output_dir = output_dir
+        self.plots = plots
+        self.warn = warn
+        self.header: dict[str, Any] = {}
+        self.levels: list[dict[str, Any]] = []
+        self.extra: dict[str, Any] = {}
+        self._requests: IO[str] | None = None
+        self._origin_ns = 0
+        self._flushed = 0.0
+        self._audio_names: dict[int, set[str]] = {}
+
+    @property
+    def requests_path(self) -> Path:
+        return self.output_dir / REQUESTS_JSONL
+
+    def summary(self, status: str) -> dict[str, Any]:
+        """summary.json: what the run was, its status, every level so far, and what each number means."""
+        return {**self.header, **self.extra, "status": status, "levels": self.levels, "definitions": DEFINITIONS}
+
+    def started(self, header: dict[str, Any]) -> None:
+        self.header = {**self.header, **header}
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self._requests = open(self.requests_path, "w", encoding="utf-8")  # noqa: SIM115 - closed by finish()
+        self._origin_ns = time.perf_counter_ns()
+
+    def record(self, rec: Record, level: Level) -> None:
+        assert self._requests is not None, "started() comes first"
+        row = request_row(
+            rec, level, stream=self.header["stream"], family=self.header["family"], origin_ns=self._origin_ns
+        )
+        if rec.audio is not None and rec.sample_rate is not None:
+            path = self._audio_path(rec, level)
+            write_wav(self.output_dir / path, rec.audio, rec.sample_rate)
+            row["audio_file"] = path.as_posix()
+        self._requests.write(json.dumps(row, default=str) + "\n")
+        if time.monotonic() - self._flushed > FLUSH_INTERVAL_S:
+            self._flush()
+
+    def _audio_path(self, rec: Record, level: Level) -> Path:
+        """``audio/<level>/<label>.wav``, unique within the level (relative to the output folder)."""
+        taken = self._audio_names.setdefault(level.index, set())
+        name = re.sub(r"[^A-Za-z0-9._-]+", "_", rec.label or "")[:100].strip("._") or f"row{rec.row:05d}"
+        if name in taken:
+            name = f"{name}-row{rec.row:05d}"
+        taken.add(name)
+        return Path(AUDIO_DIR) / level_folder(level.concurrency, level.request_rate) / f"{name}.wav"
+
+    def _flush(self) -> None:
+        if self._requests is not None:
+            self._requests.flush()
+        self._flushed = time.monotonic()
+
+    def level_done(self, summary: dict[str, Any]) -> None:
+        self.levels.append(summary)
+        self._flush()
+        self.write_summary("running")
+
+    def write_summary(self, status: str) -> list[Path]:
+        """Write summary.json and summary.csv as the run stands."""
+        summary_json, summary_csv = self.output_dir / SUMMARY_JSON, self.output_dir / SUMMARY_CSV
+        atomic_write_text(summary_json, json.dumps(self.summary(status), indent=2, default=str) + "\n")
+        write_csv(summary_csv, (_flatten(level) for level in self.levels))
+        return [summary_json, summary_csv]
+
+    def discard(self) -> None:
+        """Close and remove requests.jsonl (a run that ended before any level started: nothing to keep)."""
+        if self._requests is not None:
+            self._requests.close()
+            self._requests = None
+            self.requests_path.unlink(missing_ok=True)
+
+    def finish(self, status: str = "complete") -> list[Path]:
+        """Close requests.jsonl, write the summary files with ``status`` and (asked and possible) the plots.
+
+        The plots come last, and a failure there (matplotlib missing, a plotting error) costs only the plots: it is
+        passed to ``warn`` as one line, and the other reports stay.
+        """
+        if self._requests is not None:
+            self._requests.close()
+            self._requests = None
+        written = [*self.write_summary(status), self.requests_path]
+        written += sorted(self.output_dir.glob(f"{AUDIO_DIR}/*/*.wav"))
+        if self.plots and self.levels:
+            try:
+                written += write_plots(self.summary(status), self.output_dir)
+            except ImportError as exc:
+                self.warn(
+                    f"plots skipped: matplotlib cannot be imported ({_one_line(exc)}); "
+                    "install it with `pip install 'trtdeploy[perf]'`, or pass --no-plots"
+                )
+            except Exception as exc:
+                self.warn(f"plots skipped: {_one_line(exc)} (the other reports are written)")
+        return written

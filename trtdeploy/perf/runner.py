@@ -1,40 +1,41 @@
-"""One perf run: find the server, the deployment and its workload, load the inputs, run the levels, report."""
+"""The perf engine: load one Triton endpoint with a workload, level by level, and summarize each level.
+
+It knows nothing of trtdeploy's deployments or server records (that is :mod:`trtdeploy.benchmark`): it takes an
+endpoint, a workload and its input rows, and hands every record and every level summary to an observer as soon as
+they exist, so that a run cut short (the server lost, Ctrl-C) keeps everything measured until then.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import math
-import tempfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime
-from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from ..errors import PerfError, ServerError, TrtDeployError, UsageError
-from .loadgen import Level, LocalDriver, Record, WorkerPool, WorkerSpec
-from .metrics import DEFINITIONS, check_slo, check_slo_limits, summarize_level
-from .stats import server_delta, snapshot
-from .transports import ControlClient
-from .transports import Protocol as Transport
+from ..errors import PerfError, ServerError, UsageError
+from .control import ControlClient, failure_reason, within
+from .control import Protocol as Transport
+from .loadgen import Level, LocalDriver, PhaseResult, WorkerPool, WorkerSpec
+from .metrics import DEFINITIONS, LevelStats, check_slo
+from .records import Record
+from .stats import GaugeSampler, Snapshot, server_delta, snapshot
 from .workload import InputRow, ModelInfo, RequestOptions, Workload
-
-if TYPE_CHECKING:
-    from ..deployment import Deployment
-    from ..server import ServerInfo
 
 #: Prompt length of the synthetic inputs used when no input is given (at most the deployment's max_input_len).
 DEFAULT_ISL = 128
-#: Output length when neither the run nor an input row gives one (at most the deployment's max_output_len), for
-#: LLM workloads that do not set one of their own.
-DEFAULT_OSL = 128
 #: The fewest measured requests per level with synthetic inputs (4 x concurrency above that).
 SYNTHETIC_MIN = 16
-#: Triton's default ports: with ``--url`` on one of the first two and no ``--metrics-url``, metrics are on the third.
-DEFAULT_PORTS = ("8000", "8001", "8002")
 #: Pause before a statistics snapshot: Triton counts a request when it releases it, just after its last response.
 STATS_SETTLE_S = 0.05
+#: While a level runs the server's liveness is probed every PROBE_INTERVAL_S (and right after requests fail), each
+#: probe waiting at most PROBE_TIMEOUT_S; LOST_AFTER_PROBES failed probes in a row end the level: server lost.
+PROBE_INTERVAL_S = 1.0
+PROBE_TIMEOUT_S = 3.0
+LOST_AFTER_PROBES = 2
+#: The least time between two probes.
+PROBE_GAP_S = 0.25
 
 
 class ProgressReporter(Protocol):
@@ -49,13 +50,47 @@ class _NoProgress:
     def finish_level(self) -> None: ...
 
 
+class RunObserver(Protocol):
+    """Gets a run's parts as they exist: what the run is, every finished record, every level's summary."""
+
+    def started(self, header: dict[str, Any]) -> None: ...
+    def record(self, rec: Record, level: Level) -> None: ...
+    def level_done(self, summary: dict[str, Any]) -> None: ...
+
+
+class RunCollector:
+    """A :class:`RunObserver` that keeps every record in memory (tests, library use; reports stream to disk)."""
+
+    def __init__(self) -> None:
+        self.header: dict[str, Any] = {}
+        self.records: list[Record] = []
+        self.levels: list[dict[str, Any]] = []
+
+    def started(self, header: dict[str, Any]) -> None:
+        self.header = header
+
+    def record(self, rec: Record, level: Level) -> None:
+        self.records.append(rec)
+
+    def level_done(self, summary: dict[str, Any]) -> None:
+        self.levels.append(summary)
+
+
+class ServerLost(ServerError):
+    """The server stopped answering while a level ran: the level was given up."""
+
+
 @dataclass(frozen=True)
 class LoadSettings:
     """The levels of a run and how they are driven.
 
-    Requests per level (``num_requests`` None): closed loop max(input rows, 4 x concurrency), open loop
-    max(input rows, 10 s of arrivals), where synthetic inputs count as SYNTHETIC_MIN rows. Warmup requests per
-    level (``warmup`` None): one per slot (the concurrency) in closed loop, none in open loop.
+    Input rows are fresh: warmup and measured requests take the rows in order across the whole run, so no request
+    repeats a prompt an earlier one sent (a prefix cache would serve it). With ``reuse_rows`` every level (its
+    warmup included) walks the rows from the first: for cache studies. Requests per level (``num_requests`` None):
+    closed loop max(4 x concurrency, the rows' share), open loop max(10 s of arrivals, the rows' share), where the
+    share divides the rows left after the warmups evenly among the levels (all of them with ``reuse_rows``), and
+    synthetic inputs count SYNTHETIC_MIN. Warmup requests per level (``warmup`` None): one per slot (the
+    concurrency) in closed loop, none in open loop.
     """
 
     concurrency: tuple[int, ...] = (1,)
@@ -65,6 +100,7 @@ class LoadSettings:
     workers: int = 1
     timeout_s: float = 600.0
     seed: int = 0
+    reuse_rows: bool = False
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -79,37 +115,61 @@ class LoadSettings:
         if self.timeout_s <= 0:
             raise UsageError(f"--timeout must be > 0, got {self.timeout_s:g}")
 
+    def _counts(self, rows: int, synthetic: bool) -> list[tuple[float, int, int]]:
+        """(level value, warmup requests, measured requests) of every level."""
+        values = self.request_rates or self.concurrency
+        open_loop = bool(self.request_rates)
+        warmups = [(self.warmup or 0) if open_loop else int(v) if self.warmup is None else self.warmup for v in values]
+        if synthetic:
+            share = SYNTHETIC_MIN
+        elif self.reuse_rows:
+            share = rows
+        else:
+            share = max(0, rows - sum(warmups)) // len(values)
+        least = [math.ceil(10 * v) if open_loop else 4 * int(v) for v in values]
+        return [
+            (value, warmup, self.num_requests or max(floor, share))
+            for value, warmup, floor in zip(values, warmups, least, strict=True)
+        ]
+
     def levels(self, rows: int, *, synthetic: bool = False) -> list[Level]:
-        """The levels for ``rows`` input rows. Synthetic rows are made for the run (see :meth:`synthetic_rows`)
-        and each request gets a prompt of its own, so that no prefix cache serves one request from another."""
-        base = SYNTHETIC_MIN if synthetic else rows
+        """The levels for ``rows`` input rows, each with the rows of its requests (wrapping around, and counted in
+        :attr:`Level.reused_rows`, when the rows run out)."""
         levels: list[Level] = []
-        offset = 0
-        for index, value in enumerate(self.request_rates or self.concurrency):
-            if self.request_rates:
-                num = self.num_requests or max(base, math.ceil(10 * value))
-                level = Level(index, num, self.warmup or 0, request_rate=value, row_offset=offset)
-            else:
-                num = self.num_requests or max(base, 4 * int(value))
-                warmup = int(value) if self.warmup is None else self.warmup
-                level = Level(index, num, warmup, concurrency=int(value), row_offset=offset)
-            levels.append(level)
-            if synthetic:
-                offset += level.warmup + level.num_requests
+        used: set[int] = set()
+        cursor = 0
+        for index, (value, warmup, count) in enumerate(self._counts(rows, synthetic)):
+            if self.reuse_rows:
+                cursor = 0
+            warmup_rows = tuple((cursor + j) % rows for j in range(warmup))
+            cursor = 0 if self.reuse_rows else cursor + warmup
+            used.update(warmup_rows)
+            measured = tuple((cursor + j) % rows for j in range(count))
+            cursor += count
+            reused = 0
+            for row in measured:
+                reused += row in used
+                used.add(row)
+            kind = {"request_rate": value} if self.request_rates else {"concurrency": int(value)}
+            levels.append(Level(index, measured, warmup_rows, reused_rows=reused, **kind))
         return levels
 
     def synthetic_rows(self) -> int:
-        """How many synthetic prompts a run needs: one per request of every level, warmups included."""
-        return sum(level.warmup + level.num_requests for level in self.levels(0, synthetic=True))
+        """How many synthetic prompts a run needs: one per request of every level, warmups included (the most
+        any level sends, with ``reuse_rows``)."""
+        counts = [warmup + count for _, warmup, count in self._counts(0, synthetic=True)]
+        return max(counts) if self.reuse_rows else sum(counts)
 
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where the load goes: ``HOST:PORT`` of the gRPC or HTTP endpoint, and the metrics URL (optional)."""
+    """Where the load goes: ``HOST:PORT`` of the gRPC or HTTP endpoint, the metrics URL (optional), and headers for
+    the control calls (the key to a trtdeploy server's restricted APIs)."""
 
     url: str
     protocol: Transport = "grpc"
     metrics_url: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -161,23 +221,12 @@ class InputSpec:
         )
 
 
-@dataclass(frozen=True)
-class AsrSettings:
-    """Where generated speech is transcribed for WER/CER (``--asr-url``): a Whisper model on Triton (gRPC)."""
-
-    url: str
-    model: str = "whisper_bls"
-    #: ``en``, ``zh``, or None to tell each utterance's language from its text.
-    language: str | None = None
-    concurrency: int = 4
-
-
 @dataclass
 class PerfRun:
-    """The outcome of a run: the summary (``summary.json``), every request's record, where reports went."""
+    """The outcome of a run: the summary (``summary.json``), the records an observer kept, where reports went."""
 
     summary: dict[str, Any]
-    records: list[Record]
+    records: list[Record] = field(default_factory=list)
     output_dir: Path | None = None
 
     def check_error_rate(self, max_error_rate: float) -> None:
@@ -195,30 +244,6 @@ class PerfRun:
                 )
 
 
-@dataclass(frozen=True)
-class PerfSettings:
-    """Everything ``trtdeploy perf`` is asked: target, load, inputs, generation options, SLOs, reports."""
-
-    deployment: Path | None = None
-    url: str | None = None
-    protocol: Transport = "grpc"
-    metrics_url: str | None = None
-    model: str | None = None
-    stream: bool | None = None
-    load: LoadSettings = field(default_factory=LoadSettings)
-    inputs: InputSpec = field(default_factory=InputSpec)
-    options: RequestOptions = field(default_factory=RequestOptions)
-    slo: dict[str, float] = field(default_factory=dict)
-    output_dir: Path | None = None
-    plots: bool = True
-    asr: AsrSettings | None = None
-
-    def __post_init__(self) -> None:
-        if self.url is not None:
-            check_url(self.url)
-        check_slo_limits(self.slo)
-
-
 def _choose_stream(requested: bool | None, model: ModelInfo, protocol: Transport) -> bool:
     stream = model.decoupled if requested is None else requested
     if stream and not model.decoupled:
@@ -233,6 +258,69 @@ def _choose_stream(requested: bool | None, model: ModelInfo, protocol: Transport
     return stream
 
 
+class ServerWatch:
+    """Probes the server's liveness while a phase runs; when it stops answering, the phase is given up.
+
+    Probes come every PROBE_INTERVAL_S, and sooner (PROBE_GAP_S apart) once requests fail: a dead server (refused
+    connections) is seen within a second, a frozen one (no answer) within a few PROBE_TIMEOUT_S.
+    """
+
+    def __init__(self, control: ControlClient) -> None:
+        self.control = control
+        self.lost: str | None = None
+        self._poke = asyncio.Event()
+        self._watching = False
+
+    def poke(self) -> None:
+        """Probe now: requests are failing."""
+        self._poke.set()
+
+    async def guard(self, driver: LocalDriver | WorkerPool, work: Awaitable[PhaseResult]) -> PhaseResult:
+        """Await the phase ``work``; raise ServerLost after it if the server was lost meanwhile."""
+        self.lost, self._watching = None, True
+        watcher = asyncio.ensure_future(self._watch(driver))
+        try:
+            result = await work
+        finally:
+            self._watching = False
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+        if self.lost is not None:
+            raise ServerLost(f"the server at {self.control.url} stopped answering ({self.lost})")
+        return result
+
+    async def _watch(self, driver: LocalDriver | WorkerPool) -> None:
+        failures = 0
+        while self._watching:
+            try:
+                await within(self._poke.wait(), PROBE_INTERVAL_S)
+            except asyncio.TimeoutError:
+                pass
+            self._poke.clear()
+            try:
+                live = await within(self.control.is_live(), PROBE_TIMEOUT_S)
+                reason = "not live"
+            except Exception as exc:
+                live, reason = False, failure_reason(exc)
+            if live:
+                failures = 0
+                continue
+            failures += 1
+            if failures >= LOST_AFTER_PROBES:
+                self.lost = reason
+                driver.abort(f"server lost: {reason}")
+                return
+            await asyncio.sleep(PROBE_GAP_S)
+
+
+async def _snapshot(control: ControlClient, metrics_url: str | None) -> Snapshot | str:
+    """The server's counters, or why they could not be read (they are extras: their failure costs no result)."""
+    try:
+        return await snapshot(control, metrics_url)
+    except Exception as exc:
+        return failure_reason(exc)
+
+
 async def run_levels(
     workload: Workload,
     rows: list[InputRow],
@@ -244,15 +332,24 @@ async def run_levels(
     slo: dict[str, float] | None = None,
     progress: ProgressReporter | None = None,
     synthetic: bool = False,
+    observer: RunObserver | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> PerfRun:
     """Check the server and model, build every request, then run each level: warmup, snapshot, load, snapshot.
 
     ``stream`` None streams exactly when the served model is decoupled. ``synthetic``: the rows were made for
-    this run (:meth:`LoadSettings.synthetic_rows` of them), one per request.
+    this run (:meth:`LoadSettings.synthetic_rows` of them), one per request. Records and level summaries go to
+    ``observer`` as they exist (default: a :class:`RunCollector`, whose records the result holds). A level the
+    server does not live through ends early and raises :class:`ServerLost`; Ctrl-C (cancellation) ends it as
+    ``interrupted``; either way its summary reaches the observer first. ``warn`` gets a line for input rows reused
+    without ``reuse_rows``.
     """
     progress = progress or _NoProgress()
+    collector = RunCollector() if observer is None else None
+    observer = observer or collector
+    assert observer is not None
     slo = dict(slo or {})
-    control = ControlClient(endpoint.protocol, endpoint.url)
+    control = ControlClient(endpoint.protocol, endpoint.url, headers=endpoint.headers)
     try:
         await control.check_live()
         model = await control.model_info(workload.model_name)
@@ -262,6 +359,28 @@ async def run_levels(
         workload.validate(model, options)
         requests = [workload.make_request(row, options, model) for row in rows]
         levels = load.levels(len(rows), synthetic=synthetic)
+        reused = sum(level.reused_rows for level in levels)
+        if reused and not load.reuse_rows and warn is not None:
+            sent = sum(level.warmup + level.num_requests for level in levels)
+            warn(
+                f"the input has {len(rows)} rows for the {sent} requests of this run: {reused} measured requests "
+                "reuse a row (input_rows_reused in the summary); give more rows or fewer --num-requests, or pass "
+                "--reuse-rows to reuse them on purpose"
+            )
+        header = {
+            "model": model.name,
+            "workload": type(workload).__name__,
+            "family": workload.family,
+            "stream": stream,
+            "protocol": endpoint.protocol,
+            "url": endpoint.url,
+            "input_rows": len(rows),
+            "input_reuse": "repeat" if load.reuse_rows else "fresh",
+            "options": asdict(options),
+            "slo": slo,
+            "workers": load.workers,
+        }
+        observer.started(header)
         # connections a process needs: its share of the slots; 0 (no limit) in open loop
         slots = max(math.ceil((level.concurrency or 0) / load.workers) for level in levels)
         spec = WorkerSpec(endpoint.protocol, endpoint.url, model.name, load.timeout_s, stream, slots)
@@ -272,324 +391,91 @@ async def run_levels(
             else WorkerPool(spec, workload, requests, load.workers)
         )
         summaries: list[dict[str, Any]] = []
-        records: list[Record] = []
+        level_run = _LevelRun(driver, control, endpoint, workload.family, stream, slo, load.seed, progress, observer)
         try:
             await driver.start()
             for level in levels:
-                progress.start_level(level.label, level.warmup + level.num_requests)
-                phase = partial(driver.run_phase, level, len(rows), load.seed)
-                warm = (await phase(progress.update, warmup=True)).records if level.warmup else []
-                base, base_errors = len(warm), sum(rec.error is not None for rec in warm)
-                await asyncio.sleep(STATS_SETTLE_S)
-                before = await snapshot(control, endpoint.metrics_url)
-                measured = await phase(
-                    lambda d, e, b=base, be=base_errors: progress.update(b + d, be + e), warmup=False
-                )
-                await asyncio.sleep(STATS_SETTLE_S)
-                after = await snapshot(control, endpoint.metrics_url)
-                progress.finish_level()
-                summary = summarize_level(
-                    warm + measured.records,
-                    level,
-                    stream=stream,
-                    family=workload.family,
-                    slo=slo,
-                    client_cpu_s=measured.cpu_s,
-                )
-                summary["server"] = server_delta(before, after)
-                summaries.append(summary)
-                records.extend(warm + measured.records)
+                summaries.append(await level_run.run(level))
         finally:
             await driver.close()
     finally:
         await control.close()
     return PerfRun(
-        summary={
-            "model": model.name,
-            "workload": type(workload).__name__,
-            "family": workload.family,
-            "stream": stream,
-            "protocol": endpoint.protocol,
-            "url": endpoint.url,
-            "input_rows": len(rows),
-            "options": asdict(options),
-            "slo": slo,
-            "workers": load.workers,
-            "levels": summaries,
-            "definitions": DEFINITIONS,
-        },
-        records=records,
+        summary={**header, "status": "complete", "levels": summaries, "definitions": DEFINITIONS},
+        records=collector.records if collector is not None else [],
     )
 
 
-def check_url(
-    url: str,
-    *,
-    flag: str = "--url",
-    schemes: tuple[str, ...] = ("grpc", "http", "https"),
-    example: str = "e.g. --url localhost:8001 (gRPC), or --url localhost:8000 --protocol http",
-) -> str:
-    """``HOST:PORT`` of ``url`` (``SCHEME://HOST:PORT[/]`` is accepted too, for one of ``schemes``); UsageError
-    naming the option ``flag`` if it is not one."""
-    scheme, sep, rest = url.strip().partition("://")
-    address = (rest if sep else scheme).rstrip("/")
-    host, _, port = address.rpartition(":")
-    if (sep and scheme not in schemes) or not host or "/" in address or not port.isdigit():
-        raise UsageError(f"{flag} {url!r} is not HOST:PORT", hint=example)
-    if not 0 < int(port) < 65536:
-        raise UsageError(f"{flag} {url!r}: port {port} is not between 1 and 65535")
-    return address
+@dataclass
+class _LevelRun:
+    """What every level of a run needs: where the load goes and how it is measured and reported."""
 
+    driver: LocalDriver | WorkerPool
+    control: ControlClient
+    endpoint: Endpoint
+    family: str
+    stream: bool
+    slo: dict[str, float]
+    seed: int
+    progress: ProgressReporter
+    observer: RunObserver
 
-def _same_path(a: Path, b: Path) -> bool:
-    try:
-        return a.resolve() == b.resolve()
-    except OSError:
-        return False
-
-
-def server_of(deployment: Path) -> ServerInfo:
-    """The most recently started running server (its :class:`~trtdeploy.server.ServerInfo`) that serves
-    ``deployment``; ServerError naming the deployment if none does."""
-    from ..server import running_servers
-
-    servers = running_servers()
-    for info in servers:
-        if info.deployment is not None and _same_path(Path(info.deployment), deployment):
-            return info
-    others = "; ".join(f"{info.grpc_url} serves {info.deployment}" for info in servers)
-    raise ServerError(
-        f"no running server serves {deployment}",
-        hint=f"start one with `trtdeploy serve {deployment} --background`, or pass --url HOST:PORT"
-        + (f" (running: {others})" if others else ""),
-    )
-
-
-def resolve_endpoint(
-    url: str | None, protocol: Transport, metrics_url: str | None, *, deployment: Path | None = None
-) -> tuple[Endpoint, Path | None]:
-    """The endpoint and the deployment of the server to load.
-
-    With ``url``: the server ``trtdeploy serve`` started there, or else ``url`` as given, for the chosen protocol.
-    Without: the running server that serves ``deployment`` (ServerError if none does), or with no deployment
-    either, the most recently started one.
-    """
-    from ..server import current_server
-
-    if url is not None:
-        check_url(url)
-        info = current_server(url)
-    elif deployment is not None:
-        info = server_of(deployment)
-    else:
-        info = current_server()
-    if info.state_file is not None:
-        server_url = info.grpc_url if protocol == "grpc" else info.http_url
-        if server_url is None:
-            raise ServerError(f"the server at {url or info.grpc_url} has no {protocol} endpoint")
-        return Endpoint(server_url, protocol, metrics_url or info.metrics_url), info.deployment
-    assert url is not None
-    url = check_url(url)
-    host, _, port = url.rpartition(":")
-    if metrics_url is None and port in DEFAULT_PORTS[:2]:
-        metrics_url = f"http://{host}:{DEFAULT_PORTS[2]}/metrics"
-    return Endpoint(url, protocol, metrics_url), None
-
-
-def resolve_workload(deployment: Any, model: str | None) -> Workload:
-    """The deployment's workload (from its model plugin), aimed at ``model`` when given.
-
-    The deployment's LLM-contract model (``tensorrt_llm``) gets a :class:`TokenLLMWorkload` instead.
-    """
-    if model is not None and model == deployment.llm_model_name and model != deployment.entry_model:
-        from .llm import TokenLLMWorkload
-
-        return TokenLLMWorkload(model, deployment.llm_dir, decoupled=deployment.decoupled)
-    from ..plugins import get_model
-
-    workload = get_model(deployment.model).workload(deployment)
-    return workload.retarget(model) if model is not None and model != workload.model_name else workload
-
-
-def default_output_dir(model: str) -> Path:
-    return Path("perf-results") / f"{model}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-
-
-def prepare_output_dir(path: Path) -> list[Path]:
-    """Create the reports folder ``path`` and check that files can be written there, or raise UsageError.
-
-    Returns the folders created (the deepest first), to remove again if the run fails before writing anything.
-    """
-    created = []
-    for folder in (path, *path.parents):
-        if folder.exists() or folder.is_symlink():
-            break
-        created.append(folder)
-    hint = "pass --output-dir DIR, a folder you can write to"
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"cannot write reports to {path}: it is a file, not a folder", hint=hint)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as exc:
-        remove_empty(created)
-        raise UsageError(f"cannot write reports to {path}: {exc.strerror or exc}", hint=hint) from None
-    return created
-
-
-def remove_empty(folders: list[Path]) -> None:
-    """Remove each of ``folders`` (in order) that is empty."""
-    for folder in folders:
-        try:
-            folder.rmdir()
-        except OSError:
-            return
-
-
-def apply_limits(settings: PerfSettings, deployment: Deployment, workload: Workload) -> PerfSettings:
-    """``settings`` with the default lengths fitted to the deployment's limits (``max_input_len``,
-    ``max_output_len`` of its build), after refusing explicit lengths beyond them.
-
-    Default prompt length of synthetic inputs: min(DEFAULT_ISL, max_input_len). Default output length of an LLM
-    workload: ``--osl`` of the synthetic inputs if given, else min(the workload's own default, else DEFAULT_OSL,
-    max_output_len).
-    """
-    point = deployment.point
-    max_in, max_out = int(point.max_input_len), int(point.max_output_len)
-    inputs, options = settings.inputs, settings.options
-    if inputs.isl is not None and inputs.isl > max_in:
-        raise UsageError(
-            f"--isl {inputs.isl} is more than this deployment's max_input_len {max_in}",
-            hint=f"pass --isl {max_in} or less, or build the deployment with a larger --max-input-len",
-        )
-    for osl in sorted({inputs.osl, options.max_tokens} - {None}):
-        if osl > max_out:
-            raise UsageError(
-                f"--osl {osl} is more than this deployment's max_output_len {max_out}",
-                hint=f"pass --osl {max_out} or less, or build the deployment with a larger --max-output-len",
-            )
-    if inputs.synthetic and inputs.isl is None:
-        inputs = replace(inputs, isl=min(DEFAULT_ISL, max_in))
-    if workload.family == "llm" and options.max_tokens is None:
-        own = getattr(workload, "max_tokens", None)
-        default = min(own if isinstance(own, int) else DEFAULT_OSL, max_out)
-        options = replace(options, max_tokens=inputs.osl or default)
-    return replace(settings, inputs=inputs, options=options)
-
-
-def check_row_lengths(rows: list[InputRow], deployment: Deployment) -> None:
-    """Refuse input rows that ask for more output tokens than the deployment's max_output_len."""
-    max_out = int(deployment.point.max_output_len)
-    for number, row in enumerate(rows, start=1):
-        if row.max_tokens is not None and row.max_tokens > max_out:
-            raise UsageError(
-                f"input row {number} asks for max_tokens {row.max_tokens}, more than this deployment's "
-                f"max_output_len {max_out}",
-                hint=f"keep max_tokens <= {max_out} in the input data",
-            )
-
-
-def resolve_target(settings: PerfSettings, warn: Callable[[str], None]) -> tuple[Endpoint, Deployment]:
-    """The endpoint to load and the deployment it serves (see :func:`resolve_endpoint`)."""
-    from ..deployment import Deployment, find_latest
-
-    if settings.deployment is not None:
-        deployment = Deployment.load(settings.deployment)
-        endpoint, served = resolve_endpoint(
-            settings.url, settings.protocol, settings.metrics_url, deployment=deployment.path
-        )
-        if served is not None and not _same_path(served, deployment.path):
-            warn(f"the server at {endpoint.url} serves {served}, not {deployment.path}; loading it as the latter")
-        return endpoint, deployment
-    endpoint, served = resolve_endpoint(settings.url, settings.protocol, settings.metrics_url)
-    return endpoint, Deployment.load(served) if served is not None else find_latest()
-
-
-async def score_speech(run: PerfRun, asr: AsrSettings) -> None:
-    """Transcribe the kept audio of every level (one request per input row) and score it against the target
-    text: ``wer``/``cer`` in each record's scores, the transcript as its text, and each level's ``asr`` summary."""
-    from . import asr as speech
-    from .tts import resample
-
-    scored = [rec for rec in run.records if rec.audio is not None and rec.reference is not None]
-    languages = [asr.language or speech.detect_language(str(rec.reference)) for rec in scored]
-    wavs = [resample(rec.audio, rec.sample_rate, speech.SAMPLE_RATE) for rec in scored]
-    texts = await speech.transcribe(asr.url, wavs, languages, model=asr.model, concurrency=asr.concurrency)
-    by_level: dict[int, list[Any]] = {}
-    for rec, text, language in zip(scored, texts, languages, strict=True):
-        result = speech.score(text, str(rec.reference), language)
-        rec.text = text
-        rec.scores.update(wer=result.wer, cer=result.cer)
-        by_level.setdefault(rec.level, []).append(result)
-    for level in run.summary["levels"]:
-        level["asr"] = speech.aggregate(by_level.get(level["level"], []))
-    run.summary["asr"] = {"url": asr.url, "model": asr.model, "language": asr.language or "auto"}
-    run.summary["definitions"] = {**run.summary["definitions"], "asr": speech.DEFINITION}
-
-
-def benchmark(
-    settings: PerfSettings,
-    *,
-    progress: ProgressReporter | None = None,
-    warn: Callable[[str], None] | None = None,
-) -> PerfRun:
-    """Run ``trtdeploy perf``: resolve the target, check the reports folder, load the inputs, run every level,
-    write the reports. ``warn`` gets one line per problem that does not stop the run (default: stderr)."""
-    from .report import warn_on_stderr, write_reports
-
-    warn = warn or warn_on_stderr
-    endpoint, deployment = resolve_target(settings, warn)
-    workload = resolve_workload(deployment, settings.model)
-    if workload.family == "tts":
-        if settings.inputs.isl is not None:
-            raise UsageError("--isl sets the prompt length of LLM workloads; speech inputs have no token length")
-    elif settings.asr is not None:
-        raise UsageError(f"--asr-url scores speech; {workload.model_name!r} is not a TTS model")
-    if settings.asr is not None:
-        from .asr import check_whisper
-
-        asyncio.run(check_whisper(settings.asr.url, settings.asr.model))
-    settings = apply_limits(settings, deployment, workload)
-    output_dir = settings.output_dir or default_output_dir(workload.model_name)
-    created = prepare_output_dir(output_dir)  # before the load: a run is not lost for want of a folder
-    measured = False
-    try:
-        rows = settings.inputs.load(workload, settings.load)
-        check_row_lengths(rows, deployment)
-        started = datetime.now().astimezone()
-        run = asyncio.run(
-            run_levels(
-                workload,
-                rows,
-                endpoint,
-                settings.load,
-                options=settings.options,
-                stream=settings.stream,
-                slo=settings.slo,
-                progress=progress,
-                synthetic=settings.inputs.synthetic,
-            )
-        )
-        run.summary = {
-            "started_at": started.isoformat(timespec="seconds"),
-            "deployment": str(deployment.path),
-            "input": settings.inputs.describe(workload.family),
-            **run.summary,
-        }
-        run.output_dir = output_dir
-        measured = True
-        asr_error = None
-        if settings.asr is not None:
+    async def run(self, level: Level) -> dict[str, Any]:
+        """One level: warmup, snapshot, measured load (gauges sampled), snapshot; its summary."""
+        if level.index > 0:  # the first level follows the run's own check
             try:
-                asyncio.run(score_speech(run, settings.asr))
-            except TrtDeployError as exc:  # the measurements stay: write them, then fail
-                asr_error = exc
-                warn(f"no WER/CER ({exc.message}); the other reports are written to {output_dir}")
-        write_reports(run, output_dir, plots=settings.plots, warn=warn)
-        if asr_error is not None:
-            raise asr_error
-    finally:
-        if not measured:  # nothing to report: leave no empty folder behind
-            remove_empty(created)
-    return run
+                await self.control.check_live()
+            except ServerError as exc:
+                raise ServerLost(exc.message, hint=exc.hint) from None
+        stats = LevelStats(level, stream=self.stream, family=self.family, slo=self.slo)
+        watch = ServerWatch(self.control)
+        offset, last = [0, 0], [0, 0]  # offset: the warmup's (done, errors), added to the measured phase's
+
+        def sink(rec: Record) -> None:
+            stats.add(rec)
+            self.observer.record(rec, level)
+
+        def progressed(done: int, errors: int) -> None:
+            if errors > last[1]:
+                watch.poke()
+            last[:] = [done, errors]
+            self.progress.update(offset[0] + done, offset[1] + errors)
+
+        status, cpu_s = "failed", [0.0]
+        before: Snapshot | str = "not taken"
+        after: Snapshot | str = "not taken"
+        gauges = GaugeSampler(self.endpoint.metrics_url)
+        self.progress.start_level(level.label, level.warmup + level.num_requests)
+        try:
+            if level.warmup:
+                await watch.guard(self.driver, self.driver.run_phase(level, self.seed, progressed, sink, warmup=True))
+                offset[:] = last
+                last[:] = [0, 0]
+            await asyncio.sleep(STATS_SETTLE_S)
+            before = await _snapshot(self.control, self.endpoint.metrics_url)
+            gauges.start()
+            try:
+                phase = self.driver.run_phase(level, self.seed, progressed, sink, warmup=False)
+                cpu_s = (await watch.guard(self.driver, phase)).cpu_s
+            finally:
+                await gauges.stop()
+            await asyncio.sleep(STATS_SETTLE_S)
+            after = await _snapshot(self.control, self.endpoint.metrics_url)
+            status = "complete"
+        except ServerLost:
+            status = "server_lost"
+            raise
+        except asyncio.CancelledError:
+            status = "interrupted"
+            raise
+        finally:
+            self.progress.finish_level()
+            summary = stats.summary(cpu_s, status)
+            summary["planned_requests"] = level.num_requests
+            if isinstance(before, Snapshot) and isinstance(after, Snapshot):
+                summary["server"] = server_delta(before, after, gauges.summary())
+            else:
+                reason = after if isinstance(after, str) else before
+                summary["server"] = {"models": {}, "metrics": None, "unavailable": reason}
+            self.observer.level_done(summary)
+        return summary

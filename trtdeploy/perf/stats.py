@@ -1,4 +1,5 @@
-"""Server-side numbers: ``/v2/models/stats`` and the Prometheus ``/metrics`` text, snapshotted around each level."""
+"""Server-side numbers: ``/v2/models/stats`` and the Prometheus counters, snapshotted around each level, and the
+Prometheus gauges, sampled while it runs."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from .transports import ControlClient
+from .control import ControlClient, fetch_metrics
 
 #: Statistics of ``/v2/models/stats`` kept per model: each has a count and a total duration in ns.
 _DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
@@ -56,33 +57,74 @@ def parse_prometheus(text: str) -> tuple[dict[str, float], dict[str, str]]:
     return values, types
 
 
-async def _fetch_metrics(url: str, timeout_s: float = 5.0) -> str | None:
-    import aiohttp
-
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
-            async with session.get(url) as response:
-                return await response.text() if response.status == 200 else None
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-        return None
-
-
 async def snapshot(control: ControlClient, metrics_url: str | None) -> Snapshot:
+    """The server's counters now (raises when the statistics cannot be read; metrics are optional)."""
     models = _model_counters(await control.statistics())
-    text = await _fetch_metrics(metrics_url) if metrics_url else None
+    text = await fetch_metrics(metrics_url) if metrics_url else None
     if text is None:
         return Snapshot(models)
     values, types = parse_prometheus(text)
     return Snapshot(models, values, types)
 
 
+class GaugeSampler:
+    """Scrapes ``/metrics`` about every ``interval_s`` while a level runs, keeping each gauge's min, max and mean
+    (not the values after the level has drained, which are idle). Constant memory: running sums per series."""
+
+    def __init__(self, url: str | None, interval_s: float = 1.0) -> None:
+        self.url = url
+        self.interval_s = interval_s
+        self._stats: dict[str, list[float]] = {}  # series -> [min, max, sum, count]
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self.url is not None:
+            self._task = asyncio.ensure_future(self._run(self.url))
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self, url: str) -> None:
+        await asyncio.sleep(min(0.25, self.interval_s))
+        while True:
+            text = await fetch_metrics(url, timeout_s=self.interval_s)
+            if text is not None:
+                self._add(text)
+            await asyncio.sleep(self.interval_s)
+
+    def _add(self, text: str) -> None:
+        values, types = parse_prometheus(text)
+        for series, value in values.items():
+            if types.get(series.split("{", 1)[0]) != "gauge":
+                continue
+            stats = self._stats.get(series)
+            if stats is None:
+                self._stats[series] = [value, value, value, 1]
+            else:
+                stats[0], stats[1] = min(stats[0], value), max(stats[1], value)
+                stats[2] += value
+                stats[3] += 1
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Per gauge series: ``min``, ``mean``, ``max`` and the number of ``samples``."""
+        return {
+            series: {"min": low, "mean": total / count, "max": high, "samples": int(count)}
+            for series, (low, high, total, count) in sorted(self._stats.items())
+        }
+
+
 def _ms(ns: int, count: int) -> float | None:
     return ns / count / 1e6 if count > 0 else None
 
 
-def server_delta(before: Snapshot, after: Snapshot) -> dict[str, Any]:
+def server_delta(
+    before: Snapshot, after: Snapshot, gauges: dict[str, dict[str, float]] | None = None
+) -> dict[str, Any]:
     """What the server did between two snapshots: per model, requests and average times per request (ms);
-    the Prometheus counters that moved, and the gauges' values at the end."""
+    the Prometheus counters that moved; and ``gauges`` (from a :class:`GaugeSampler`) as they were sampled."""
     models: dict[str, Any] = {}
     for name, end in after.models.items():
         start = before.models.get(name, {})
@@ -103,12 +145,9 @@ def server_delta(before: Snapshot, after: Snapshot) -> dict[str, Any]:
     delta: dict[str, Any] = {"models": models, "metrics": None}
     if before.metrics is not None and after.metrics is not None:
         counters: dict[str, float] = {}
-        gauges: dict[str, float] = {}
         for series, value in after.metrics.items():
             kind = after.metric_types.get(series.split("{", 1)[0])
-            if kind == "gauge":
-                gauges[series] = value
-            elif kind == "counter" and value != before.metrics.get(series, 0.0):
+            if kind == "counter" and value != before.metrics.get(series, 0.0):
                 counters[series] = value - before.metrics.get(series, 0.0)
-        delta["metrics"] = {"counters": counters, "gauges": gauges}
+        delta["metrics"] = {"counters": counters, "gauges": gauges or {}}
     return delta

@@ -2,9 +2,9 @@
 
 Everything a request needs is encoded before the load starts. On the hot path a gRPC request is one pre-serialized
 protobuf (``bytes``) handed to a grpc.aio call whose serializers are the identity, and each response is kept as it
-came, with its arrival time; decoding into numpy happens after the load (:meth:`Transport.decode`).
+came, with its arrival time; decoding into numpy happens once the request is complete (:meth:`Transport.decode`).
 
-The control plane (health, model configuration, statistics) goes through tritonclient's aio clients.
+The control plane (health, model configuration, statistics) is :mod:`trtdeploy.perf.control`.
 """
 
 from __future__ import annotations
@@ -13,31 +13,23 @@ import asyncio
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from ..errors import NotFoundError, ServerError
-from .workload import ModelInfo, Request, TensorSpec
+from .control import Protocol, short
+from .records import Record
+from .workload import Request
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .loadgen import Record
-
-Protocol = Literal["grpc", "http"]
 #: Sends one request and fills the record's times, responses or error; returns when the request is complete.
-Caller = Callable[[Any, "Record"], Awaitable[None]]
+Caller = Callable[[Any, Record], Awaitable[None]]
 
 _MAX_MESSAGE = 2**31 - 1
-_SERVE_HINT = "start one with `trtdeploy serve --background`, or pass --url HOST:PORT of a running Triton"
 
 
 def _identity(data: bytes) -> bytes:
     return data
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 class Transport(ABC):
@@ -70,6 +62,10 @@ class Transport(ABC):
     @abstractmethod
     async def release(self) -> None:
         """Close the streams opened by :meth:`caller` (after each level)."""
+
+    @abstractmethod
+    def abort(self, message: str) -> None:
+        """Fail every request in flight on a stream with ``message`` (the level is given up)."""
 
 
 # --- gRPC ------------------------------------------------------------------------------------------------------
@@ -111,6 +107,10 @@ def encode_grpc_request(model_name: str, request: Request, *, stream: bool) -> b
     if stream:
         message.parameters["triton_enable_empty_final_response"].bool_param = True
     return message.SerializeToString()
+
+
+#: gRPC status codes of a call the server did not answer (the others carry the server's own error).
+_UNANSWERED = {"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "UNKNOWN"}
 
 
 def _rpc_error(exc: Any) -> str:
@@ -160,13 +160,20 @@ class GrpcTransport(Transport):
         for session in sessions:
             await session.close()
 
+    def abort(self, message: str) -> None:
+        for session in self._sessions:
+            session.abort(message)
+
     async def _infer(self, payload: bytes, rec: Record) -> None:
         rec.send_ns = time.perf_counter_ns()
         try:
             raw = await self._unary(payload, timeout=self.timeout_s)
         except self._rpc_error_type as exc:
-            rec.end_ns = time.perf_counter_ns()
-            rec.error = _rpc_error(exc)
+            if exc.code().name in _UNANSWERED:
+                rec.fail(_rpc_error(exc), time.perf_counter_ns())
+            else:  # the server answered with an error
+                rec.end_ns = time.perf_counter_ns()
+                rec.error = _rpc_error(exc)
             return
         rec.end_ns = now = time.perf_counter_ns()
         rec.chunk_ns.append(now)
@@ -180,53 +187,63 @@ class GrpcTransport(Transport):
         return {output.name: result.as_numpy(output.name) for output in response.outputs}
 
 
+class _Stream:
+    """One ``ModelStreamInfer`` call, the requests sent on it (by request id) and the task reading its responses."""
+
+    def __init__(self, call: Any) -> None:
+        self.call = call
+        self.pending: dict[str, tuple[Record, asyncio.Future[None]]] = {}
+        self.reader: asyncio.Task[None] | None = None
+
+
 class StreamSession:
-    """One bidirectional ``ModelStreamInfer`` stream; responses are matched to requests by request id.
+    """A bidirectional ``ModelStreamInfer`` stream; responses are matched to requests by request id.
 
     A request is complete at its response flagged ``triton_final_response`` (requests carry
     ``triton_enable_empty_final_response``, so a model that sends the final flag alone is seen too), at an error
-    response, or when it has waited ``timeout_s``.
+    response, or when it has waited ``timeout_s``. When the stream breaks, the requests sent on it fail and the next
+    request opens a new stream: each stream has its own table of pending requests and its own reader, so the end of
+    an old stream never fails a request sent on the new one.
     """
 
     def __init__(self, method: Any, timeout_s: float, rpc_error: type[Exception]) -> None:
         self._method = method
         self._timeout_ns = int(timeout_s * 1e9)
         self._rpc_error = rpc_error
-        self._call: Any = None
-        self._reader: asyncio.Task[None] | None = None
+        self._stream: _Stream | None = None
         self._sweeper: asyncio.Task[None] | None = None
-        self._pending: dict[str, tuple[Record, asyncio.Future[None]]] = {}
         self._write_lock = asyncio.Lock()
 
-    def _start(self) -> None:
-        self._call = self._method()
-        self._reader = asyncio.ensure_future(self._read(self._call))
+    def _open(self) -> _Stream:
+        stream = _Stream(self._method())
+        stream.reader = asyncio.ensure_future(self._read(stream))
+        self._stream = stream
         if self._sweeper is None:
             self._sweeper = asyncio.ensure_future(self._sweep())
+        return stream
 
     async def infer(self, payload: bytes, rec: Record) -> None:
-        if self._call is None:
-            self._start()
+        stream = self._stream or self._open()
         key = str(rec.seq)
         done = asyncio.get_running_loop().create_future()
-        self._pending[key] = (rec, done)
+        stream.pending[key] = (rec, done)
         message = payload + _id_field(key)
         async with self._write_lock:
             rec.send_ns = time.perf_counter_ns()
             try:
-                await self._call.write(message)
-            except Exception as exc:  # the stream broke: fail this request, reopen on the next one
-                self._fail_all(f"stream closed: {_short(exc)}")
-                self._call = None
+                await stream.call.write(message)
+            except Exception as exc:  # the stream broke: fail its requests; the next request opens a new one
+                self._end(stream, f"stream closed: {short(exc)}")
         await done
 
-    async def _read(self, call: Any) -> None:
+    async def _read(self, stream: _Stream) -> None:
         import grpc
 
-        pending = self._pending
+        pending = stream.pending
+        reason = "the server closed the stream"
         try:
             while True:
-                response = await call.read()
+                response = await stream.call.read()
                 if response is grpc.aio.EOF:
                     break
                 now = time.perf_counter_ns()
@@ -252,47 +269,57 @@ class StreamSession:
                 rec.end_ns = now
                 entry[1].set_result(None)
         except self._rpc_error as exc:
-            self._fail_all(_rpc_error(exc))
-        if self._call is call:
-            self._call = None
-        self._fail_all("the server closed the stream")
+            reason = _rpc_error(exc)
+        self._end(stream, reason)
+
+    def _end(self, stream: _Stream, message: str) -> None:
+        """Fail the requests of ``stream`` with ``message``, stop its reader and forget it."""
+        if self._stream is stream:
+            self._stream = None
+        now = time.perf_counter_ns()
+        for rec, done in stream.pending.values():
+            rec.fail(message, now)
+            if not done.done():
+                done.set_result(None)
+        stream.pending.clear()
+        stream.call.cancel()
+        if stream.reader is not None and stream.reader is not asyncio.current_task():
+            stream.reader.cancel()
+
+    def abort(self, message: str) -> None:
+        """Fail the requests in flight on the current stream with ``message``."""
+        if self._stream is not None:
+            self._end(self._stream, message)
 
     async def _sweep(self) -> None:
         """Fail requests that have waited longer than the timeout (checked about four times per timeout)."""
         interval = min(1.0, self._timeout_ns / 4e9)
         while True:
             await asyncio.sleep(interval)
+            if self._stream is None:
+                continue
+            pending = self._stream.pending
             now = time.perf_counter_ns()
-            expired = [
-                key for key, (rec, _) in self._pending.items() if rec.send_ns and now - rec.send_ns > self._timeout_ns
-            ]
+            expired = [key for key, (rec, _) in pending.items() if rec.send_ns and now - rec.send_ns > self._timeout_ns]
             for key in expired:
-                rec, done = self._pending.pop(key)
-                rec.error = f"timed out after {self._timeout_ns / 1e9:g} s"
-                rec.end_ns = now
+                rec, done = pending.pop(key)
+                rec.fail(f"timed out after {self._timeout_ns / 1e9:g} s", now)
                 done.set_result(None)
-
-    def _fail_all(self, message: str) -> None:
-        now = time.perf_counter_ns()
-        for rec, done in self._pending.values():
-            rec.error = rec.error or message
-            rec.end_ns = now
-            if not done.done():
-                done.set_result(None)
-        self._pending.clear()
 
     async def close(self) -> None:
-        if self._call is not None:
-            self._call.cancel()
-            self._call = None
-        for task in (self._reader, self._sweeper):
+        stream, self._stream = self._stream, None
+        tasks = [self._sweeper]
+        if stream is not None:
+            self._end(stream, "the stream was closed")
+            tasks.append(stream.reader)
+        for task in tasks:
             if task is not None:
                 task.cancel()
                 try:
                     await task
                 except (asyncio.CancelledError, Exception):
                     pass
-        self._reader = self._sweeper = None
+        self._sweeper = None
 
 
 # --- HTTP ------------------------------------------------------------------------------------------------------
@@ -332,6 +359,9 @@ class HttpTransport(Transport):
     async def release(self) -> None:
         """Nothing to release: HTTP requests hold no streams."""
 
+    def abort(self, message: str) -> None:
+        """Nothing to fail here: HTTP requests hold no streams (the load cancels the requests in flight)."""
+
     async def _infer(self, payload: tuple[list[Any], list[Any]], rec: Record) -> None:
         from tritonclient.utils import InferenceServerException
 
@@ -342,11 +372,11 @@ class HttpTransport(Transport):
         except InferenceServerException as exc:
             rec.error = exc.message()
         except Exception as exc:  # aiohttp's: connection refused or reset, timeout
-            rec.error = f"{type(exc).__name__}: {_short(exc)}"
+            rec.fail(f"{type(exc).__name__}: {short(exc)}", time.perf_counter_ns())
         else:
             rec.chunk_ns.append(time.perf_counter_ns())
             rec.raw.append(result)
-        rec.end_ns = time.perf_counter_ns()
+        rec.end_ns = rec.end_ns or time.perf_counter_ns()
 
     def decode(self, raw: Any) -> dict[str, np.ndarray]:
         return {output["name"]: raw.as_numpy(output["name"]) for output in raw.get_response().get("outputs", [])}
@@ -355,102 +385,3 @@ class HttpTransport(Transport):
 def make_transport(protocol: Protocol, url: str, model_name: str, *, timeout_s: float) -> Transport:
     cls = GrpcTransport if protocol == "grpc" else HttpTransport
     return cls(url, model_name, timeout_s=timeout_s)
-
-
-# --- control plane ---------------------------------------------------------------------------------------------
-
-
-def _kserve_type(config_type: str) -> str:
-    name = config_type.removeprefix("TYPE_")
-    return "BYTES" if name == "STRING" else name
-
-
-def _tensor_specs(entries: list[dict[str, Any]]) -> dict[str, TensorSpec]:
-    return {
-        entry["name"]: TensorSpec(
-            name=entry["name"],
-            datatype=_kserve_type(entry.get("data_type", "")),
-            dims=tuple(int(d) for d in entry.get("dims", [])),
-            optional=bool(entry.get("optional", False)),
-        )
-        for entry in entries
-    }
-
-
-def model_info_from_config(config: dict[str, Any]) -> ModelInfo:
-    """A :class:`ModelInfo` from a model configuration as JSON (gRPC or HTTP flavour)."""
-    return ModelInfo(
-        name=config["name"],
-        inputs=_tensor_specs(config.get("input", [])),
-        outputs=_tensor_specs(config.get("output", [])),
-        max_batch_size=int(config.get("max_batch_size", 0)),
-        decoupled=bool(config.get("model_transaction_policy", {}).get("decoupled", False)),
-    )
-
-
-class ControlClient:
-    """Health, model configuration and statistics through tritonclient's aio client of the chosen protocol."""
-
-    def __init__(self, protocol: Protocol, url: str) -> None:
-        self.protocol = protocol
-        self.url = url
-        if protocol == "grpc":
-            import tritonclient.grpc.aio as client_module
-        else:
-            import tritonclient.http.aio as client_module
-        self._client = client_module.InferenceServerClient(url)
-
-    async def close(self) -> None:
-        await self._client.close()
-
-    async def check_live(self, timeout_s: float = 10.0) -> None:
-        """Raise ServerError (one line, with a hint) if the server does not answer."""
-        try:
-            if self.protocol == "grpc":
-                live = await self._client.is_server_live(client_timeout=timeout_s)
-            else:
-                live = await asyncio.wait_for(self._client.is_server_live(), timeout_s)
-        except Exception as exc:
-            raise ServerError(f"cannot reach Triton at {self.url}: {failure_reason(exc)}", hint=_SERVE_HINT) from None
-        if not live:
-            raise ServerError(f"Triton at {self.url} is not live", hint=_SERVE_HINT)
-
-    async def model_info(self, name: str) -> ModelInfo:
-        """The configuration of model ``name``: NotFoundError if the server has none, ServerError if not ready."""
-        if self.protocol == "grpc":
-            index = (await self._client.get_model_repository_index(as_json=True)).get("models", [])
-        else:
-            index = await self._client.get_model_repository_index()
-        states = {entry["name"]: entry for entry in index}
-        if name not in states:
-            raise NotFoundError(
-                f"Triton at {self.url} has no model {name!r}",
-                hint=f"its models: {', '.join(sorted(states)) or 'none'} (choose one with --model)",
-            )
-        if states[name].get("state") != "READY":
-            reason = states[name].get("reason") or states[name].get("state") or "not loaded"
-            raise ServerError(f"model {name!r} is not ready on Triton at {self.url} ({reason})")
-        if self.protocol == "grpc":
-            config = (await self._client.get_model_config(name, as_json=True))["config"]
-        else:
-            config = await self._client.get_model_config(name)
-        return model_info_from_config(config)
-
-    async def statistics(self) -> list[dict[str, Any]]:
-        """Every model's inference statistics (``/v2/models/stats``) as JSON."""
-        if self.protocol == "grpc":
-            stats = await self._client.get_inference_statistics(as_json=True)
-        else:
-            stats = await self._client.get_inference_statistics()
-        return list(stats.get("model_stats", []))
-
-
-def failure_reason(exc: BaseException) -> str:
-    """One line saying why a call to Triton failed (the server's message, or a timeout)."""
-    from tritonclient.utils import InferenceServerException
-
-    if isinstance(exc, InferenceServerException):
-        return _short(Exception(exc.message()))
-    if isinstance(exc, asyncio.TimeoutError):
-        return "no answer (timed out)"
-    return _short(exc)

@@ -5,8 +5,9 @@ A model plugin returns a :class:`Workload` from ``ModelSpec.workload(deployment)
 1. calls :meth:`Workload.validate` once with the served model's configuration (:class:`ModelInfo`),
 2. calls :meth:`Workload.make_request` once per input row, before any load is sent,
 3. sends the requests, keeping each raw response and its arrival time (nothing else runs per response),
-4. after the load level, calls :meth:`Workload.parse_chunk` for every response and :meth:`Workload.finish` once
-   per request, and computes the metrics of the workload's :attr:`Workload.family` from what they return.
+4. once a request is complete (and its slot has sent the next one), calls :meth:`Workload.parse_chunk` for each of
+   its responses and :meth:`Workload.finish` once, computes the metrics of the workload's
+   :attr:`Workload.family` from what they return, writes the request to the reports and forgets it.
 
 Workloads are pickled into worker processes (``--workers``): keep heavy state (tokenizers) lazy and out of the
 pickled state.
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from ..errors import UsageError
+from .inputs import InputRow, load_dataset_rows, load_jsonl
 
 if TYPE_CHECKING:
     import numpy as np
@@ -106,20 +108,6 @@ class ModelInfo:
                 f"(its inputs: {', '.join(self.inputs) or 'none'})",
                 hint="is --model the right Triton model for this workload?",
             )
-
-
-@dataclass(frozen=True)
-class InputRow:
-    """One row of the input data: what to send, and what should come back."""
-
-    #: The prompt (text for LLMs; whatever the workload expects otherwise).
-    input: Any
-    #: The expected output, if the data has one (scored for accuracy).
-    reference: Any = None
-    #: Output length for this row (synthetic prompts, a jsonl "max_tokens"); None: the run's (``--osl``).
-    max_tokens: int | None = None
-    #: The whole source row, for workloads that need more columns than ``input``.
-    fields: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -240,7 +228,7 @@ class Workload(ABC):
 
     @abstractmethod
     def parse_chunk(self, outputs: Mapping[str, np.ndarray], request: Request) -> Chunk:
-        """Read one response's output tensors (called after the load, never on the hot path)."""
+        """Read one response's output tensors (called once its request is complete, between sends)."""
 
     @abstractmethod
     def finish(self, request: Request, chunks: Sequence[Chunk]) -> Result:
@@ -248,16 +236,12 @@ class Workload(ABC):
 
     def load_input_data(self, path: Path) -> list[InputRow]:
         """Rows of ``--input-data PATH``; the default reads jsonl lines ``{"input", "output", "max_tokens"}``."""
-        from .inputs import load_jsonl
-
         return load_jsonl(path)
 
     def load_dataset(
         self, source: str, *, split: str | None, column: str | None, reference_column: str | None
     ) -> list[InputRow]:
         """Rows of ``--dataset SOURCE``. The default reads a prompt column (and a reference column) as text."""
-        from .inputs import load_dataset_rows
-
         return load_dataset_rows(source, split=split, column=column, reference_column=reference_column)
 
     def synthetic_rows(self, count: int, *, input_tokens: int, output_tokens: int | None, seed: int) -> list[InputRow]:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -17,6 +19,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Literal
 from urllib.parse import quote
 
 from ..errors import ServerError, UsageError
@@ -29,6 +32,15 @@ POLL_INTERVAL = 0.2
 EXIT_TIMEOUT = 10
 #: Starts tried when a port picked for us is taken before the server binds it.
 PORT_ATTEMPTS = 3
+#: Triton's own HTTP, gRPC and metrics ports, which every official client assumes.
+DEFAULT_PORTS = (8000, 8001, 8002)
+#: Where a server listens unless told otherwise: this machine only.
+DEFAULT_HOST = "127.0.0.1"
+#: The APIs only callers sending the server's header may use, unless opened (``allow_api``): shared memory is how
+#: python-backend exploits reach the server; the others change what it loads, logs and traces.
+RESTRICTABLE_APIS = ("shared-memory", "model-repository", "logging", "trace")
+#: Seconds leftover processes of a dead server get between SIGTERM and SIGKILL (python-backend stubs ignore SIGTERM).
+LEFTOVER_GRACE = 2.0
 _LOAD_FAILURE = re.compile(r"failed to load '([^']+)'")
 _PORT_TAKEN = re.compile(r"failed to start (\w+) service: .*Socket '[^']*:(\d+)' already in use")
 _SERVICE_LABELS = {"http": "HTTP", "grpc": "gRPC", "metrics": "metrics"}
@@ -91,6 +103,7 @@ def terminate_group(pgid: int, timeout: float = 30.0, *, leader: subprocess.Pope
 
 def _terminate_group(pgid: int, timeout: float, leader: subprocess.Popen | None) -> None:
     _signal_group(pgid, signal.SIGTERM)
+    _signal_group(pgid, signal.SIGCONT)  # a stopped (frozen) process acts on SIGTERM only once it runs again
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if leader is not None:
@@ -112,50 +125,155 @@ def _terminate_group(pgid: int, timeout: float, leader: subprocess.Popen | None)
             pass
 
 
-def remove_shm_regions(prefix: str) -> None:
-    """Remove python-backend shared-memory regions a killed server left in /dev/shm."""
+def process_cmdline(pid: int) -> str:
+    """The process's arguments joined by spaces ("" if it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def leftover_processes(pgid: int, marks: Sequence[str]) -> dict[int, int]:
+    """Live processes of group ``pgid`` whose command line holds one of ``marks``: pid -> start ticks.
+
+    A dead server's group id may be reused by an unrelated group: only a process naming the server's shm prefix or
+    model repository (a python-backend stub's arguments hold both) counts as the server's.
+    """
+    found = {}
+    for pid in group_members(pgid):
+        ticks = process_start_ticks(pid)
+        if ticks is not None and any(mark in process_cmdline(pid) for mark in marks if mark):
+            found[pid] = ticks
+    return found
+
+
+def kill_processes(processes: Mapping[int, int], grace: float = LEFTOVER_GRACE) -> None:
+    """SIGTERM each process (pid -> start ticks), SIGKILL those still there after ``grace`` s; wait until gone."""
+
+    def alive() -> list[int]:
+        return [pid for pid, ticks in processes.items() if process_alive(pid, ticks)]
+
+    for signals, wait in (((signal.SIGTERM, signal.SIGCONT), grace), ((signal.SIGKILL,), 5.0)):
+        for pid in alive():
+            for sig in signals:
+                try:
+                    os.kill(pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        deadline = time.monotonic() + wait
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def remove_shm_regions(prefix: str) -> int:
+    """Remove the python-backend shared-memory regions named ``prefix...`` from /dev/shm; how many were removed."""
     shm = Path("/dev/shm")
+    removed = 0
     if prefix and shm.is_dir():
         for region in shm.glob(f"{prefix}*"):
             try:
                 region.unlink()
+                removed += 1
             except OSError:
                 pass
+    return removed
 
 
-def free_port() -> int:
-    """A TCP port that nothing listens on now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
+def client_host(bind_address: str) -> str:
+    """The host a client on this machine uses for a server listening on ``bind_address``.
+
+    127.0.0.1 for the loopback and wildcard addresses (never "localhost", which may resolve to ::1 first, where the
+    server does not listen); an IPv6 address in brackets.
+    """
+    if bind_address in ("127.0.0.1", "0.0.0.0", "localhost", ""):
+        return "127.0.0.1"
+    if bind_address in ("::", "::1"):
+        return "[::1]"
+    return f"[{bind_address}]" if ":" in bind_address else bind_address
 
 
-def port_in_use(port: int) -> bool:
-    """Whether binding ``port`` on all interfaces fails (something listens there)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+def ephemeral_ports(count: int = 3) -> list[int]:
+    """``count`` distinct ports the system picks as free now, away from Triton's defaults: for servers that must not
+    take 8000-8002 from the ones a user (or a test about them) starts."""
+    chosen: list[int] = []
+    while len(chosen) < count:
+        with socket.socket() as sock:
+            sock.bind((DEFAULT_HOST, 0))
+            port = int(sock.getsockname()[1])
+        if port not in chosen:
+            chosen.append(port)
+    return chosen
+
+
+def port_in_use(port: int, host: str = DEFAULT_HOST) -> bool:
+    """Whether binding ``port`` on ``host`` fails (something listens there); UsageError if ``host`` is no address
+    of this machine."""
+    hint = "pass an address of this machine to --host (127.0.0.1, the default, or 0.0.0.0 for all)"
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise UsageError(f"cannot listen on {host}: {exc.strerror}", hint=hint) from None
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a socket in TIME_WAIT is no obstacle
         try:
-            sock.bind(("", port))
+            sock.bind(address)
         except OSError as exc:
             if exc.errno in (errno.EADDRINUSE, errno.EACCES):
                 return True
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise UsageError(f"cannot listen on {host}: it is no address of this machine", hint=hint) from None
             raise
     return False
 
 
-def _choose_ports(http: int | None, grpc: int | None, metrics: int | None) -> tuple[int, int, int]:
-    chosen: list[int] = []
-    for port, label in ((http, "HTTP"), (grpc, "gRPC"), (metrics, "metrics")):
+def _choose_ports(
+    http: int | None, grpc: int | None, metrics: int | None, host: str
+) -> tuple[tuple[int, int, int], bool]:
+    """The (HTTP, gRPC, metrics) ports, and whether Triton's defaults were taken.
+
+    Given ports must be free. The others are Triton's defaults (8000, 8001, 8002) if free, else the first free
+    triple above them, in steps of 3 (8003-8005, ...).
+    """
+    given = [http, grpc, metrics]
+    for index, (port, label) in enumerate(zip(given, ("HTTP", "gRPC", "metrics"), strict=True)):
         if port is None:
-            port = free_port()
-            while port in chosen:
-                port = free_port()
-        elif port in chosen:
+            continue
+        if port in given[:index]:
             raise UsageError(f"port {port} is given twice", hint="give HTTP, gRPC and metrics different ports")
-        elif port_in_use(port):
+        if port_in_use(port, host):
             raise PortInUseError(port, label)
-        chosen.append(port)
-    return chosen[0], chosen[1], chosen[2]
+    for base in range(DEFAULT_PORTS[0], 65536 - 2, 3):
+        picked = [port if port is not None else base + offset for offset, port in enumerate(given)]
+        candidates = [p for p, port in zip(picked, given, strict=True) if port is None]
+        if all(p not in given and not port_in_use(p, host) for p in candidates):
+            return (picked[0], picked[1], picked[2]), base != DEFAULT_PORTS[0] and bool(candidates)
+    raise ServerError(f"no free ports on {host} above {DEFAULT_PORTS[0]}", hint=_PORT_HINT)
+
+
+def restricted_headers(key: tuple[str, str] | None, protocol: Literal["grpc", "http"]) -> dict[str, str]:
+    """The headers a request to a server's restricted APIs carries (none when nothing is restricted): its
+    ``(key, value)``, the key with Triton's ``triton-grpc-protocol-`` prefix for gRPC. Pass them as tritonclient's
+    ``headers``."""
+    if key is None:
+        return {}
+    name, value = key
+    return {f"triton-grpc-protocol-{name}" if protocol == "grpc" else name: value}
+
+
+def restriction_key() -> tuple[str, str]:
+    """A fresh (header, value) pair that callers of a server's restricted APIs must send."""
+    return f"trtdeploy-{secrets.token_hex(4)}", secrets.token_hex(16)
+
+
+def check_allow_api(names: Sequence[str]) -> tuple[str, ...]:
+    """The APIs that stay restricted when ``names`` (from RESTRICTABLE_APIS, or "all") are opened."""
+    unknown = [name for name in names if name not in (*RESTRICTABLE_APIS, "all")]
+    if unknown:
+        raise UsageError(
+            f"--allow-api: unknown API {', '.join(map(repr, unknown))}",
+            hint=f"pick from {', '.join(RESTRICTABLE_APIS)}, or all",
+        )
+    return () if "all" in names else tuple(api for api in RESTRICTABLE_APIS if api not in names)
 
 
 def repo_models(model_repo: Path) -> list[str]:
@@ -220,6 +338,15 @@ def _http_ok(url: str) -> bool:
         return False
 
 
+def _server_version(url: str) -> str | None:
+    """The ``version`` of the server metadata at ``url`` (None if it does not answer)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2.0) as response:
+            return str(json.load(response)["version"])
+    except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 class RunningServer:
     """A tritonserver started by :func:`launch`, in its own process group. A context manager that stops it."""
 
@@ -227,6 +354,8 @@ class RunningServer:
         self,
         process: subprocess.Popen,
         *,
+        binary: TritonBinary,
+        host: str = DEFAULT_HOST,
         http_port: int,
         grpc_port: int,
         metrics_port: int,
@@ -235,11 +364,17 @@ class RunningServer:
         model_repo: Path,
         models: list[str],
         shm_prefix: str,
+        restricted_apis: Sequence[str] = (),
+        restricted_key: tuple[str, str] | None = None,
+        default_ports_taken: bool = False,
     ) -> None:
         self.process = process
         self.pid = process.pid
         #: The group every process of the server (python backend stubs included) belongs to.
         self.pgid = process.pid
+        self.binary = binary
+        #: The address it listens on.
+        self.host = host
         self.http_port = http_port
         self.grpc_port = grpc_port
         self.metrics_port = metrics_port
@@ -249,24 +384,40 @@ class RunningServer:
         self.model_repo = model_repo
         self.models = models
         self.shm_prefix = shm_prefix
+        #: The APIs that answer only requests carrying ``restricted_key`` (header, value).
+        self.restricted_apis = tuple(restricted_apis)
+        self.restricted_key = restricted_key
+        #: Triton's default ports were taken, so it listens on others.
+        self.default_ports_taken = default_ports_taken
+        #: The server's version, from its metadata once ready.
+        self.version: str | None = None
         #: A state file (see :mod:`trtdeploy.server`) removed by :meth:`stop`.
         self.state_file: Path | None = None
         self._stopped = False
 
     @property
+    def client_host(self) -> str:
+        """The host clients on this machine connect to (see :func:`client_host`)."""
+        return client_host(self.host)
+
+    def restricted_headers(self, protocol: Literal["grpc", "http"]) -> dict[str, str]:
+        """The headers that open this server's restricted APIs (see :func:`restricted_headers`)."""
+        return restricted_headers(self.restricted_key, protocol)
+
+    @property
     def http_url(self) -> str:
-        """``localhost:PORT``, the form tritonclient.http takes."""
-        return f"localhost:{self.http_port}"
+        """``HOST:PORT``, the form tritonclient.http takes."""
+        return f"{self.client_host}:{self.http_port}"
 
     @property
     def grpc_url(self) -> str:
-        """``localhost:PORT``, the form tritonclient.grpc takes."""
-        return f"localhost:{self.grpc_port}"
+        """``HOST:PORT``, the form tritonclient.grpc takes."""
+        return f"{self.client_host}:{self.grpc_port}"
 
     @property
     def metrics_url(self) -> str:
-        """The full Prometheus metrics URL (``http://localhost:PORT/metrics``)."""
-        return f"http://localhost:{self.metrics_port}/metrics"
+        """The full Prometheus metrics URL (``http://HOST:PORT/metrics``)."""
+        return f"http://{self.client_host}:{self.metrics_port}/metrics"
 
     def poll(self) -> int | None:
         """The server's exit status, or None while it runs."""
@@ -278,7 +429,7 @@ class RunningServer:
 
     def is_ready(self, models: Sequence[str] | None = None) -> bool:
         """Whether the server and each of ``models`` (default: the models it waits for) answer ready."""
-        base = f"http://127.0.0.1:{self.http_port}"
+        base = f"http://{self.http_url}"
         if not _http_ok(f"{base}/v2/health/ready"):
             return False
         names = self.models if models is None else models
@@ -298,9 +449,10 @@ class RunningServer:
                     self._fail(PortInUseError(*log.port_taken))
                 self._fail(ServerError(f"tritonserver exited with status {code} while starting"))
             if self.is_ready():
+                self.version = _server_version(f"http://{self.http_url}/v2")
                 return
             if time.monotonic() > deadline:
-                base = f"http://127.0.0.1:{self.http_port}"
+                base = f"http://{self.http_url}"
                 waiting = [m for m in self.models if not _http_ok(f"{base}/v2/models/{quote(m)}/ready")]
                 what = f"models {', '.join(waiting)} not" if waiting else "server not"
                 message = f"tritonserver not ready after {timeout:g} s ({what} ready)"
@@ -358,6 +510,8 @@ def launch(
     http_port: int | None = None,
     grpc_port: int | None = None,
     metrics_port: int | None = None,
+    host: str = DEFAULT_HOST,
+    allow_api: Sequence[str] = (),
     tritonserver: Path | None = None,
     log_file: Path | None = None,
     timeout: float = 180.0,
@@ -369,7 +523,10 @@ def launch(
 ) -> RunningServer:
     """Start tritonserver on ``model_repo`` and wait until it and every model in ``models`` are ready.
 
-    ``None`` ports are picked free; ``models`` defaults to every model folder of the repository. With
+    It listens on ``host`` only (default: 127.0.0.1, this machine), on Triton's default ports if free, else on the
+    next free triple (see :func:`_choose_ports`); given ports must be free. The shared-memory, model-repository,
+    logging and trace APIs answer only requests carrying the server's own header (``restricted_key``), except those
+    named in ``allow_api`` ("all" opens them all). ``models`` defaults to every model folder of the repository. With
     ``world_size`` > 1 the server runs as that many MPI ranks (see :func:`server_command`). On any failure (port in
     use, server exit, a model failing to load, timeout, Ctrl-C) every process started is stopped and
     :class:`~trtdeploy.errors.ServerError` is raised with the log tail in ``details`` (Ctrl-C re-raises).
@@ -377,6 +534,9 @@ def launch(
     model_repo = Path(model_repo).expanduser().absolute()
     if not model_repo.is_dir():
         raise ServerError(f"model repository {model_repo} does not exist")
+    restricted = check_allow_api(allow_api)
+    if host == "localhost":  # tritonserver may bind it on ::1 alone, where a client of 127.0.0.1 finds nothing
+        host = DEFAULT_HOST
     binary = resolve_tritonserver(tritonserver)
     mpirun = _find_mpirun(world_size)
     models = repo_models(model_repo) if models is None else list(models)
@@ -390,18 +550,44 @@ def launch(
         log_file.touch()
     except OSError as exc:
         raise ServerError(f"cannot write the server log {log_file}: {exc.strerror or exc}") from None
+    key = restriction_key() if restricted else None
     explicit = {p for p in (http_port, grpc_port, metrics_port) if p is not None}
     attempt = 0
     while True:
         attempt += 1
-        ports = _choose_ports(http_port, grpc_port, metrics_port)
+        ports, default_ports_taken = _choose_ports(http_port, grpc_port, metrics_port, host)
         shm_prefix = f"trtdeploy-{uuid.uuid4().hex[:12]}-"
         command = server_command(
-            binary, model_repo, ports, shm_prefix, extra_args, world_size=world_size, llm_models=llm_models
+            binary,
+            model_repo,
+            ports,
+            shm_prefix,
+            extra_args,
+            host=host,
+            restricted_apis=restricted,
+            restricted_key=key,
+            world_size=world_size,
+            llm_models=llm_models,
         )
         if mpirun is not None:
             command = [mpirun, *command]
-        server = _start(command, binary, model_repo, ports, log_file, models, shm_prefix, env or {})
+        process, log_offset = _start(command, binary, log_file, env or {}, secret=key[1] if key else None)
+        server = RunningServer(
+            process,
+            binary=binary,
+            host=host,
+            http_port=ports[0],
+            grpc_port=ports[1],
+            metrics_port=ports[2],
+            log_file=log_file,
+            log_offset=log_offset,
+            model_repo=model_repo,
+            models=models,
+            shm_prefix=shm_prefix,
+            restricted_apis=restricted,
+            restricted_key=key,
+            default_ports_taken=default_ports_taken,
+        )
         try:
             server.wait_ready(timeout)
         except PortInUseError as exc:
@@ -434,16 +620,33 @@ def server_command(
     shm_prefix: str,
     extra_args: Sequence[str] = (),
     *,
+    host: str = DEFAULT_HOST,
+    restricted_apis: Sequence[str] = (),
+    restricted_key: tuple[str, str] | None = None,
     world_size: int = 1,
     llm_models: Sequence[str] = ("tensorrt_llm",),
 ) -> list[str]:
     """The tritonserver command line; for ``world_size`` > 1, mpirun's arguments (without ``mpirun`` itself).
 
-    Several ranks follow TRT-LLM's launch_triton_server.py: rank 0 serves the whole repository on the ports; every
-    other rank loads only the TRT-LLM model(s) in explicit mode, with its endpoints off (its model never finishes
-    initialising: it works for rank 0's engine), and each rank has a python-backend shm prefix of its own.
+    Several ranks follow TRT-LLM's launch_triton_server.py: rank 0 serves the whole repository on the ports (and
+    alone has endpoints to bind and restrict); every other rank loads only the TRT-LLM model(s) in explicit mode,
+    with its endpoints off (its model never finishes initialising: it works for rank 0's engine), and each rank has
+    a python-backend shm prefix of its own.
     """
     http_port, grpc_port, metrics_port = ports
+    endpoints = [
+        f"--http-address={host}",
+        f"--grpc-address={host}",
+        f"--metrics-address={host}",
+        f"--http-port={http_port}",
+        f"--grpc-port={grpc_port}",
+        f"--metrics-port={metrics_port}",
+    ]
+    if restricted_apis and restricted_key is not None:
+        # tritonserver 2.51 parses "<apis>:<key>=<value>" (its --help shows a comma before the key, which fails);
+        # gRPC callers send the key as "triton-grpc-protocol-<key>"
+        rule = f"{','.join(restricted_apis)}:{restricted_key[0]}={restricted_key[1]}"
+        endpoints += [f"--http-restricted-api={rule}", f"--grpc-restricted-protocol={rule}"]
 
     def rank_args(rank: int) -> list[str]:
         prefix = f"{shm_prefix}rank{rank}_" if world_size > 1 else shm_prefix
@@ -455,14 +658,8 @@ def server_command(
             *binary.args,
         ]
         if rank == 0:
-            ports_and_checks = [
-                f"--http-port={http_port}",
-                f"--grpc-port={grpc_port}",
-                f"--metrics-port={metrics_port}",
-                "--strict-readiness=true",
-                "--exit-on-error=true",
-            ]
-            return [*head, *ports_and_checks, *tail, *extra_args]
+            checks = ["--strict-readiness=true", "--exit-on-error=true"]
+            return [*head, *endpoints, *checks, *tail, *extra_args]
         loads = [f"--load-model={name}" for name in llm_models]
         quiet = ["--allow-http=false", "--allow-grpc=false", "--allow-metrics=false"]
         return [*head, "--model-control-mode=explicit", *loads, *quiet, *tail]
@@ -476,19 +673,16 @@ def server_command(
 
 
 def _start(
-    command: list[str],
-    binary: TritonBinary,
-    model_repo: Path,
-    ports: tuple[int, int, int],
-    log_file: Path,
-    models: list[str],
-    shm_prefix: str,
-    env: Mapping[str, str],
-) -> RunningServer:
-    http_port, grpc_port, metrics_port = ports
+    command: list[str], binary: TritonBinary, log_file: Path, env: Mapping[str, str], *, secret: str | None
+) -> tuple[subprocess.Popen, int]:
+    """The server process, and where its run starts in the log (whose first line is the command, ``secret``
+    masked)."""
+    shown = " ".join(command)
+    if secret:
+        shown = shown.replace(secret, "***")
     with open(log_file, "ab") as log:  # appending: a second server on the same log never punches holes in it
         log_offset = log.tell()
-        log.write(("$ " + " ".join(command) + "\n").encode())
+        log.write(f"$ {shown}\n".encode())
         log.flush()
         try:
             process = subprocess.Popen(
@@ -501,14 +695,4 @@ def _start(
             )
         except OSError as exc:
             raise ServerError(f"cannot start {binary.path}: {exc.strerror or exc}") from None
-    return RunningServer(
-        process,
-        http_port=http_port,
-        grpc_port=grpc_port,
-        metrics_port=metrics_port,
-        log_file=log_file,
-        log_offset=log_offset,
-        model_repo=model_repo,
-        models=models,
-        shm_prefix=shm_prefix,
-    )
+    return process, log_offset

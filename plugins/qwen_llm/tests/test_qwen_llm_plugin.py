@@ -40,6 +40,8 @@ def test_options_are_typed_and_rendered(trtdeploy_deploy):
     config = (deployment.model_repo / "preprocessing" / "config.pbtxt").read_text()
     assert 'key: "chat_template" value: { string_value: "true" }' in config
     assert dict(deployment.point.options)["chat_template"] is True
+    workload = get_model("qwen_llm").workload(deployment)  # perf counts input tokens as the preprocessing does
+    assert workload.chat_template is True and workload.add_special_tokens is True
 
 
 def text_inputs(text: bytes, max_tokens: int, *, end_id: int | None = None, stream: bool | None = None):

@@ -83,8 +83,13 @@ class QwenLLM(ModelSpec):
     def workload(self, deployment: Deployment) -> TextLLMWorkload:
         from trtdeploy.perf.llm import TextLLMWorkload
 
+        options = dict(deployment.point.options)
         return TextLLMWorkload(
-            model_name=deployment.entry_model, tokenizer_dir=deployment.llm_dir, decoupled=deployment.decoupled
+            model_name=deployment.entry_model,
+            tokenizer_dir=deployment.llm_dir,
+            decoupled=deployment.decoupled,
+            chat_template=bool(options.get("chat_template", False)),
+            add_special_tokens=bool(options.get("add_special_tokens", True)),
         )
 
 

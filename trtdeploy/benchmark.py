@@ -1,0 +1,345 @@
+"""One ``trtdeploy perf`` run: find the server, the deployment and its workload, fit the lengths to the deployment's
+limits, prepare the reports folder, drive the perf engine (:mod:`trtdeploy.perf`) and keep whatever it measured.
+
+The engine writes every record and every level summary as they exist; this module decides how a run ends: the
+server lost (exit 5) or Ctrl-C (exit 130) still leave complete files for what was measured, marked as such.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .deployment import Deployment, find_latest
+from .errors import Interrupted, ServerError, TrtDeployError, UsageError
+from .perf.asr import AsrSettings, check_whisper, score_reports
+from .perf.control import check_url
+from .perf.metrics import check_slo_limits
+from .perf.report import ReportWriter, warn_on_stderr
+from .perf.runner import (
+    DEFAULT_ISL,
+    Endpoint,
+    InputSpec,
+    LoadSettings,
+    PerfRun,
+    ProgressReporter,
+    ServerLost,
+    run_levels,
+)
+from .perf.workload import InputRow, RequestOptions, Workload
+
+if TYPE_CHECKING:
+    from .perf.control import Protocol
+    from .server import ServerInfo
+
+#: Output length when neither the run nor an input row gives one (at most the deployment's max_output_len), for
+#: LLM workloads that do not set one of their own.
+DEFAULT_OSL = 128
+#: Triton's default ports: with ``--url`` on one of the first two and no ``--metrics-url``, metrics are on the third.
+DEFAULT_PORTS = ("8000", "8001", "8002")
+
+
+@dataclass(frozen=True)
+class PerfSettings:
+    """Everything ``trtdeploy perf`` is asked: target, load, inputs, generation options, SLOs, reports."""
+
+    deployment: Path | None = None
+    url: str | None = None
+    protocol: Protocol = "grpc"
+    metrics_url: str | None = None
+    model: str | None = None
+    stream: bool | None = None
+    load: LoadSettings = field(default_factory=LoadSettings)
+    inputs: InputSpec = field(default_factory=InputSpec)
+    options: RequestOptions = field(default_factory=RequestOptions)
+    slo: dict[str, float] = field(default_factory=dict)
+    output_dir: Path | None = None
+    plots: bool = True
+    asr: AsrSettings | None = None
+
+    def __post_init__(self) -> None:
+        if self.url is not None:
+            check_url(self.url)
+        check_slo_limits(self.slo)
+
+
+def _same_path(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+def server_of(deployment: Path) -> ServerInfo:
+    """The running server (its :class:`~trtdeploy.server.ServerInfo`) that serves ``deployment``; ServerError
+    naming the deployment if none does."""
+    from .server import running_servers, servers_of
+
+    serving = servers_of(deployment)
+    if serving:
+        return serving[0]
+    others = "; ".join(f"{info.grpc_url} serves {info.deployment}" for info in running_servers())
+    raise ServerError(
+        f"no running server serves {deployment}",
+        hint=f"start one with `trtdeploy serve {deployment} --background`, or pass --url HOST:PORT"
+        + (f" (running: {others})" if others else ""),
+    )
+
+
+def endpoint_of(info: ServerInfo, protocol: Protocol, metrics_url: str | None) -> Endpoint:
+    """The endpoint of a server trtdeploy started, for ``protocol``, with the key to its restricted APIs."""
+    server_url = info.grpc_url if protocol == "grpc" else info.http_url
+    if server_url is None:
+        raise ServerError(f"the server at {info.grpc_url or info.http_url} has no {protocol} endpoint")
+    return Endpoint(server_url, protocol, metrics_url or info.metrics_url, info.restricted_headers(protocol))
+
+
+def resolve_endpoint(
+    url: str | None, protocol: Protocol, metrics_url: str | None, *, deployment: Path | None = None
+) -> tuple[Endpoint, Path | None]:
+    """The endpoint and the deployment of the server to load.
+
+    With ``url``: the server ``trtdeploy serve`` started there, or else ``url`` as given, for the chosen protocol.
+    Without: the running server that serves ``deployment`` (ServerError if none does), or with no deployment
+    either, the server of the deployment under the current folder (refusing to guess among several).
+    """
+    from .server import choose_server, current_server
+
+    if url is not None:
+        info = current_server(check_url(url))
+    elif deployment is not None:
+        info = server_of(deployment)
+    else:
+        info = choose_server()
+    if info.state_file is not None:
+        return endpoint_of(info, protocol, metrics_url), info.deployment
+    assert url is not None
+    url = check_url(url)
+    host, _, port = url.rpartition(":")
+    if metrics_url is None and port in DEFAULT_PORTS[:2]:
+        metrics_url = f"http://{host}:{DEFAULT_PORTS[2]}/metrics"
+    return Endpoint(url, protocol, metrics_url), None
+
+
+def resolve_workload(deployment: Deployment, model: str | None) -> Workload:
+    """The deployment's workload (from its model plugin), aimed at ``model`` when given.
+
+    The deployment's LLM-contract model (``tensorrt_llm``) gets a :class:`TokenLLMWorkload` instead.
+    """
+    if model is not None and model == deployment.llm_model_name and model != deployment.entry_model:
+        from .perf.llm import TokenLLMWorkload
+
+        return TokenLLMWorkload(model, deployment.llm_dir, decoupled=deployment.decoupled)
+    from .plugins import get_model
+
+    workload = get_model(deployment.model).workload(deployment)
+    return workload.retarget(model) if model is not None and model != workload.model_name else workload
+
+
+def default_output_dir(model: str) -> Path:
+    return Path("perf-results") / f"{model}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def prepare_output_dir(path: Path) -> list[Path]:
+    """Create the reports folder ``path`` and check that files can be written there, or raise UsageError.
+
+    Returns the folders created (the deepest first), to remove again if the run fails before writing anything.
+    """
+    import tempfile
+
+    created = []
+    for folder in (path, *path.parents):
+        if folder.exists() or folder.is_symlink():
+            break
+        created.append(folder)
+    hint = "pass --output-dir DIR, a folder you can write to"
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"cannot write reports to {path}: it is a file, not a folder", hint=hint)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        remove_empty(created)
+        raise UsageError(f"cannot write reports to {path}: {exc.strerror or exc}", hint=hint) from None
+    return created
+
+
+def remove_empty(folders: list[Path]) -> None:
+    """Remove each of ``folders`` (in order) that is empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
+def apply_limits(settings: PerfSettings, deployment: Deployment, workload: Workload) -> PerfSettings:
+    """``settings`` with the default lengths fitted to the deployment's limits (``max_input_len``,
+    ``max_output_len`` of its build), after refusing explicit lengths beyond them.
+
+    Default prompt length of synthetic inputs: min(DEFAULT_ISL, max_input_len). Default output length of an LLM
+    workload: ``--osl`` of the synthetic inputs if given, else min(the workload's own default, else DEFAULT_OSL,
+    max_output_len).
+    """
+    point = deployment.point
+    max_in, max_out = int(point.max_input_len), int(point.max_output_len)
+    inputs, options = settings.inputs, settings.options
+    if inputs.isl is not None and inputs.isl > max_in:
+        raise UsageError(
+            f"--isl {inputs.isl} is more than this deployment's max_input_len {max_in}",
+            hint=f"pass --isl {max_in} or less, or build the deployment with a larger --max-input-len",
+        )
+    for osl in sorted({inputs.osl, options.max_tokens} - {None}):
+        if osl > max_out:
+            raise UsageError(
+                f"--osl {osl} is more than this deployment's max_output_len {max_out}",
+                hint=f"pass --osl {max_out} or less, or build the deployment with a larger --max-output-len",
+            )
+    if inputs.synthetic and inputs.isl is None:
+        inputs = replace(inputs, isl=min(DEFAULT_ISL, max_in))
+    if workload.family == "llm" and options.max_tokens is None:
+        own = getattr(workload, "max_tokens", None)
+        default = min(own if isinstance(own, int) else DEFAULT_OSL, max_out)
+        options = replace(options, max_tokens=inputs.osl or default)
+    return replace(settings, inputs=inputs, options=options)
+
+
+def check_row_lengths(rows: list[InputRow], deployment: Deployment) -> None:
+    """Refuse input rows that ask for more output tokens than the deployment's max_output_len."""
+    max_out = int(deployment.point.max_output_len)
+    for number, row in enumerate(rows, start=1):
+        if row.max_tokens is not None and row.max_tokens > max_out:
+            raise UsageError(
+                f"input row {number} asks for max_tokens {row.max_tokens}, more than this deployment's "
+                f"max_output_len {max_out}",
+                hint=f"keep max_tokens <= {max_out} in the input data",
+            )
+
+
+def resolve_target(settings: PerfSettings, warn: Callable[[str], None]) -> tuple[Endpoint, Deployment]:
+    """The endpoint to load and the deployment it serves (see :func:`resolve_endpoint`)."""
+    if settings.deployment is not None:
+        deployment = Deployment.load(settings.deployment)
+        endpoint, served = resolve_endpoint(
+            settings.url, settings.protocol, settings.metrics_url, deployment=deployment.path
+        )
+        if served is not None and not _same_path(served, deployment.path):
+            warn(f"the server at {endpoint.url} serves {served}, not {deployment.path}; loading it as the latter")
+        return endpoint, deployment
+    endpoint, served = resolve_endpoint(settings.url, settings.protocol, settings.metrics_url)
+    return endpoint, Deployment.load(served) if served is not None else find_latest()
+
+
+def _asr_headers(url: str) -> dict[str, str]:
+    """The key to the restricted APIs of the Whisper server at ``url``, when trtdeploy started it here."""
+    from .server import current_server
+
+    return current_server(check_url(url, flag="--asr-url")).restricted_headers("grpc")
+
+
+def _where_it_stopped(writer: ReportWriter) -> str:
+    """``2 levels complete; concurrency 4 cut short after 37 of 64 requests``, from the summaries written."""
+    complete = [level for level in writer.levels if level["status"] == "complete"]
+    parts = [f"{len(complete)} level{'s' if len(complete) != 1 else ''} complete"]
+    cut = [level for level in writer.levels if level["status"] != "complete"]
+    if cut:
+        level = cut[-1]
+        rate = level["request_rate"]
+        where = f"concurrency {level['concurrency']}" if rate is None else f"rate {rate:g}/s"
+        parts.append(f"{where} cut short after {level['requests']} of {level['planned_requests']} requests")
+    return "; ".join(parts)
+
+
+def benchmark(
+    settings: PerfSettings,
+    *,
+    progress: ProgressReporter | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> PerfRun:
+    """Run ``trtdeploy perf``: resolve the target, check the reports folder, load the inputs, run every level,
+    writing the reports as it goes. ``warn`` gets one line per problem that does not stop the run (default:
+    stderr). A lost server raises ServerLost (exit 5), Ctrl-C Interrupted (exit 130), after the reports of what
+    was measured are complete and marked ``server_lost`` or ``interrupted``."""
+    warn = warn or warn_on_stderr
+    endpoint, deployment = resolve_target(settings, warn)
+    workload = resolve_workload(deployment, settings.model)
+    asr = settings.asr
+    if workload.family == "tts":
+        if settings.inputs.isl is not None:
+            raise UsageError("--isl sets the prompt length of LLM workloads; speech inputs have no token length")
+    elif asr is not None:
+        raise UsageError(f"--asr-url scores speech; {workload.model_name!r} is not a TTS model")
+    if asr is not None:
+        asr = replace(asr, headers=asr.headers or _asr_headers(asr.url))
+        asyncio.run(check_whisper(asr.url, asr.model, asr.headers))
+    settings = apply_limits(settings, deployment, workload)
+    output_dir = settings.output_dir or default_output_dir(workload.model_name)
+    created = prepare_output_dir(output_dir)  # before the load: a run is not lost for want of a folder
+    writer = ReportWriter(output_dir, plots=settings.plots, warn=warn)
+    writer.header = {
+        "started_at": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "deployment": str(deployment.path),
+        "input": settings.inputs.describe(workload.family),
+    }
+    try:
+        rows = settings.inputs.load(workload, settings.load)
+        check_row_lengths(rows, deployment)
+        run = asyncio.run(
+            run_levels(
+                workload,
+                rows,
+                endpoint,
+                settings.load,
+                options=settings.options,
+                stream=settings.stream,
+                slo=settings.slo,
+                progress=progress,
+                synthetic=settings.inputs.synthetic,
+                observer=writer,
+                warn=warn,
+            )
+        )
+    except KeyboardInterrupt:
+        if not _keep(writer, created, "interrupted"):
+            raise Interrupted("interrupted before any level started; nothing was written") from None
+        raise Interrupted(f"{_where_it_stopped(writer)}; results so far in {output_dir}") from None
+    except ServerLost as exc:
+        kept = _keep(writer, created, "server_lost")
+        raise ServerLost(
+            f"{exc.message}: {_where_it_stopped(writer)}; results so far in {output_dir}" if kept else exc.message,
+            hint="see the server's log; `trtdeploy stop` cleans up after a server that died",
+        ) from None
+    except BaseException:
+        _keep(writer, created, "failed")
+        raise
+    asr_error = None
+    if asr is not None:
+        try:
+            score_reports(writer, asr)
+        except TrtDeployError as exc:  # the measurements stay: write them, then fail
+            asr_error = exc
+            warn(f"no WER/CER ({exc.message}); the other reports are written to {output_dir}")
+        except KeyboardInterrupt:
+            writer.finish("complete")
+            raise Interrupted(f"interrupted while scoring the speech; the measurements are in {output_dir}") from None
+    writer.finish("complete")
+    run.summary, run.output_dir = writer.summary("complete"), output_dir
+    if asr_error is not None:
+        raise asr_error
+    return run
+
+
+def _keep(writer: ReportWriter, created: list[Path], status: str) -> bool:
+    """End a run cut short: complete its reports marked ``status`` if a level had started, else remove what it
+    wrote (and the folders made for it). Whether anything was kept."""
+    if writer.levels:
+        writer.finish(status)
+        return True
+    writer.discard()
+    remove_empty(created)
+    return False

@@ -18,6 +18,7 @@ from .deployment import Deployment, find_latest
 from .errors import Interrupted, ServerError, TrtDeployError, UsageError
 from .perf.asr import AsrSettings, check_whisper, score_reports
 from .perf.control import check_url
+from .perf.loadgen import level_label
 from .perf.metrics import check_slo_limits
 from .perf.report import ReportWriter, warn_on_stderr
 from .perf.runner import (
@@ -31,6 +32,7 @@ from .perf.runner import (
     run_levels,
 )
 from .perf.workload import InputRow, RequestOptions, Workload
+from .server import DEFAULT_PORTS
 
 if TYPE_CHECKING:
     from .perf.control import Protocol
@@ -39,8 +41,6 @@ if TYPE_CHECKING:
 #: Output length when neither the run nor an input row gives one (at most the deployment's max_output_len), for
 #: LLM workloads that do not set one of their own.
 DEFAULT_OSL = 128
-#: Triton's default ports: with ``--url`` on one of the first two and no ``--metrics-url``, metrics are on the third.
-DEFAULT_PORTS = ("8000", "8001", "8002")
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ def resolve_endpoint(
     assert url is not None
     url = check_url(url)
     host, _, port = url.rpartition(":")
-    if metrics_url is None and port in DEFAULT_PORTS[:2]:
+    if metrics_url is None and int(port) in DEFAULT_PORTS[:2]:  # Triton's defaults: metrics are on the third
         metrics_url = f"http://{host}:{DEFAULT_PORTS[2]}/metrics"
     return Endpoint(url, protocol, metrics_url), None
 
@@ -249,8 +249,7 @@ def _where_it_stopped(writer: ReportWriter) -> str:
     cut = [level for level in writer.levels if level["status"] != "complete"]
     if cut:
         level = cut[-1]
-        rate = level["request_rate"]
-        where = f"concurrency {level['concurrency']}" if rate is None else f"rate {rate:g}/s"
+        where = level_label(level["concurrency"], level["request_rate"])
         parts.append(f"{where} cut short after {level['requests']} of {level['planned_requests']} requests")
     return "; ".join(parts)
 
@@ -317,20 +316,18 @@ def benchmark(
     except BaseException:
         _keep(writer, created, "failed")
         raise
-    asr_error = None
+    writer.finish("complete")  # the measurements are complete on disk before any scoring
+    run.output_dir = output_dir
     if asr is not None:
         try:
             score_reports(writer, asr)
-        except TrtDeployError as exc:  # the measurements stay: write them, then fail
-            asr_error = exc
+        except TrtDeployError as exc:
             warn(f"no WER/CER ({exc.message}); the other reports are written to {output_dir}")
+            raise
         except KeyboardInterrupt:
-            writer.finish("complete")
             raise Interrupted(f"interrupted while scoring the speech; the measurements are in {output_dir}") from None
-    writer.finish("complete")
-    run.summary, run.output_dir = writer.summary("complete"), output_dir
-    if asr_error is not None:
-        raise asr_error
+        writer.write_summary("complete")
+    run.summary = writer.summary("complete")
     return run
 
 

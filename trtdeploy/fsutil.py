@@ -22,10 +22,14 @@ def scratch_beside(final: Path, *, prefix: str, error: type[TrtDeployError], hin
         scratch = Path(tempfile.mkdtemp(prefix=prefix, dir=final.parent))
     except OSError as exc:
         raise error(f"cannot write to {final.parent} ({exc.strerror or exc})", hint=hint) from None
+    scratch.chmod(0o777 & ~_umask())
+    return scratch
+
+
+def _umask() -> int:
     umask = os.umask(0)
     os.umask(umask)
-    scratch.chmod(0o777 & ~umask)
-    return scratch
+    return umask
 
 
 def atomic_dir(final: Path, populate: Callable[[Path], None], *, error: type[TrtDeployError], hint: str) -> Path:
@@ -48,11 +52,13 @@ def atomic_dir(final: Path, populate: Callable[[Path], None], *, error: type[Trt
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary sibling: a reader (or a crash) never sees half a file."""
+    """Write ``text`` to ``path`` through a temporary sibling: a reader (or a crash) never sees half a file. Its
+    mode follows the umask, as a file ``open`` creates (``mkstemp`` alone makes it private to its owner)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
             fh.write(text)
+        Path(tmp).chmod(0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from trtdeploy.perf.loadgen import Level
+from trtdeploy.perf.metrics import LevelStats
 from trtdeploy.perf.records import Record
 from trtdeploy.perf.workload import Chunk, Request, Result
 
@@ -46,3 +48,19 @@ def record(
 
 def level(concurrency: int = 2, num_requests: int = 2, warmup: int = 0, index: int = 0) -> Level:
     return Level(index, rows=tuple(range(num_requests)), warmup_rows=tuple(range(warmup)), concurrency=concurrency)
+
+
+def summarize_level(
+    records: Iterable[Record],
+    level: Level,
+    *,
+    stream: bool,
+    family: str,
+    slo: Mapping[str, float],
+    client_cpu_s: Sequence[float] = (),
+) -> dict[str, Any]:
+    """The summary of a level from all its records, as the engine builds it one record at a time."""
+    stats = LevelStats(level, stream=stream, family=family, slo=slo)
+    for rec in records:
+        stats.add(rec)
+    return stats.summary(client_cpu_s)

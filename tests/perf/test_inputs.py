@@ -164,3 +164,10 @@ def test_the_chat_template_counts_and_sizes_prompts_as_the_deployment_does(tmp_p
     assert [len(chat.prompt_ids(row.input)) for row in rows] == [40] * 4
     with pytest.raises(UsageError, match="--isl 3 is too short for this deployment: it adds"):
         chat.synthetic_rows(1, input_tokens=3, output_tokens=8, seed=0)
+
+
+def test_a_dataset_file_that_cannot_be_parsed_is_a_one_line_error(tmp_path):
+    path = _write(tmp_path / "rows.jsonl", ['{"input": "fine"}', '{"input": "half a pair \\ud83d here"}'])
+    with pytest.raises(UsageError, match="cannot read dataset .*: JSON parse error: The surrogate pair") as caught:
+        load_dataset_rows(str(path))
+    assert "\n" not in caught.value.message

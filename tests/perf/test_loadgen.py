@@ -190,3 +190,57 @@ def test_a_bare_perf_refuses_to_guess_between_servers(tmp_path, monkeypatch, cap
     assert caught.value.code == 2, err
     assert f"Error: 2 servers run for deployments under {tmp_path}" in err
     assert "127.0.0.1:9001" in err and "127.0.0.1:9101" in err and "--url" in err
+
+
+class _Health:
+    """Stands in for the control client's liveness probe: live or failing, as the test says."""
+
+    url = "127.0.0.1:1"
+
+    def __init__(self) -> None:
+        self.live = True
+
+    async def is_live(self) -> bool:
+        if not self.live:
+            raise ConnectionRefusedError("refused")
+        return True
+
+
+class _Driver:
+    def __init__(self) -> None:
+        self.aborted: list[str] = []
+
+    def abort(self, message: str) -> None:
+        self.aborted.append(message)
+
+
+@pytest.mark.parametrize("requests_succeed", [True, False])
+def test_the_server_is_lost_when_probes_fail_and_no_request_succeeds(monkeypatch, requests_succeed):
+    """A failing health endpoint alone does not end a level whose requests still succeed."""
+    import asyncio
+
+    from trtdeploy.perf import runner
+
+    monkeypatch.setattr(runner, "PROBE_INTERVAL_S", 0.01)
+    monkeypatch.setattr(runner, "PROBE_GAP_S", 0.01)
+    health, driver = _Health(), _Driver()
+    watch = runner.ServerWatch(health)
+
+    async def phase() -> runner.PhaseResult:
+        await asyncio.sleep(0.05)
+        health.live = False
+        for done in range(1, 30):
+            watch.progress(done, 0 if requests_succeed else done)  # (requests complete, of them failed)
+            await asyncio.sleep(0.01)
+        return runner.PhaseResult([0.0])
+
+    async def scenario() -> None:
+        await watch.guard(driver, phase())
+
+    if requests_succeed:
+        asyncio.run(scenario())
+        assert driver.aborted == []
+    else:
+        with pytest.raises(runner.ServerLost, match="stopped answering: refused"):
+            asyncio.run(scenario())
+        assert driver.aborted == ["server lost: refused"]

@@ -15,11 +15,10 @@ from trtdeploy.perf.metrics import (
     meets_slo,
     request_metrics,
     rouge_l_f1,
-    summarize_level,
     underruns,
 )
 
-from .helpers import level, record
+from .helpers import level, record, summarize_level
 
 
 def test_describe_uses_linear_percentiles_and_population_std():

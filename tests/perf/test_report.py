@@ -12,11 +12,10 @@ from rich.console import Console
 from trtdeploy.errors import ExitCode, PerfError
 from trtdeploy.perf import report
 from trtdeploy.perf.loadgen import Level
-from trtdeploy.perf.metrics import summarize_level
 from trtdeploy.perf.report import ReportWriter, print_table
 from trtdeploy.perf.runner import PerfRun
 
-from .helpers import level, record
+from .helpers import level, record, summarize_level
 
 HEADER = {"model": "ensemble", "family": "llm", "stream": True, "protocol": "grpc", "slo": {"ttft_ms": 12}}
 

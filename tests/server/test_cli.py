@@ -217,9 +217,9 @@ def test_what_a_killed_server_left_is_cleaned_up(tmp_path: Path, state_dir: Path
             result = run_cli("serve", str(dep), "--background", "--json", cwd=tmp_path)
         assert result.returncode == 0, result.stderr
         assert (
-            f"Warning: cleaned up after the server on gRPC port {info.grpc_port} that died: killed 1 leftover "
-            "process, removed 1 shared-memory region"
-        ) in result.stderr
+            f"Warning: the server on gRPC port {info.grpc_port} ({dep.resolve()}) had died; its record is removed: "
+            "killed 1 leftover process, removed 1 shared-memory region"
+        ) in " ".join(result.stderr.split())
         assert not any(process_alive(pid) for pid in stubs)
         assert shm_regions(server.shm_prefix) == [] and not info.state_file.exists()
     finally:

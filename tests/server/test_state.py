@@ -71,8 +71,13 @@ def test_live_servers_newest_first_and_stale_records_go(state_dir: Path) -> None
     reused = _write_state(state_dir, ServerInfo(grpc_port=9301, pid=os.getpid(), start_ticks=1))  # pid reused
     broken = state_dir / "servers" / "9401-1.json"
     broken.write_text("{not json")
-    assert [s.grpc_port for s in running_servers()] == [9101, 9001]
+    with pytest.warns(ServerCleanupWarning) as caught:
+        assert [s.grpc_port for s in running_servers()] == [9101, 9001]
     assert older.exists() and not stale.exists() and not reused.exists() and not broken.exists()
+    assert sorted(str(w.message).split(" (")[0] for w in caught) == [
+        "the server on gRPC port 9201",
+        "the server on gRPC port 9301",
+    ]
 
 
 def test_servers_are_found_by_deployment_and_folder(tmp_path: Path, state_dir: Path) -> None:
@@ -171,8 +176,8 @@ def test_the_sweep_kills_what_a_dead_server_left_and_nothing_else(tmp_path: Path
         with pytest.warns(ServerCleanupWarning) as caught:
             assert running_servers() == []
         assert str(caught[0].message) == (
-            "cleaned up after the server on gRPC port 9001 that died: killed 1 leftover process, "
-            "removed 1 shared-memory region"
+            "the server on gRPC port 9001 (no deployment) had died; its record is removed: killed 1 leftover "
+            "process, removed 1 shared-memory region"
         )
         assert wait_until(lambda: not process_alive(marked), timeout=10)
         assert process_alive(unmarked) and not record.exists() and shm_regions(prefix) == []

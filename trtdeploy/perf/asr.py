@@ -356,7 +356,8 @@ async def transcribe(
 
 # --- scoring a written run -------------------------------------------------------------------------------------
 
-#: Utterances read from disk and transcribed at a time (memory stays bounded however long the run).
+#: Utterances whose audio is read from disk and transcribed at a time (the audio in memory stays bounded however
+#: long the run; the rows of requests.jsonl, without audio, are read at once).
 SCORE_BATCH = 64
 
 

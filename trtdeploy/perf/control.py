@@ -67,7 +67,7 @@ def failure_reason(exc: BaseException) -> str:
     if isinstance(exc, InferenceServerException):
         return short(Exception(exc.message()))
     if isinstance(exc, asyncio.TimeoutError):
-        return "no answer (timed out)"
+        return "no answer in time"
     return short(exc)
 
 
@@ -151,7 +151,7 @@ class ControlClient:
 
         try:
             index = await self._call(self._client.get_model_repository_index(headers=self.headers, **self._json))
-        except InferenceServerException:
+        except (InferenceServerException, asyncio.TimeoutError):
             return None
         entries = index.get("models", []) if isinstance(index, dict) else index
         return {entry["name"]: entry for entry in entries}
@@ -168,7 +168,10 @@ class ControlClient:
             await self._raise_unavailable(name)
         except Exception as exc:
             raise self._config_error(name, exc) from None
-        ready = await self._call(self._client.is_model_ready(name, headers=self.headers))
+        try:
+            ready = await self._call(self._client.is_model_ready(name, headers=self.headers))
+        except Exception as exc:
+            raise ServerError(f"cannot tell whether {name!r} is ready at {self.url}: {failure_reason(exc)}") from None
         if not ready:
             await self._raise_unavailable(name)
         return model_info_from_config(config["config"] if "config" in config else config)

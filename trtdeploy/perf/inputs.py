@@ -173,6 +173,12 @@ def load_split(source: str, split: str | None) -> Any:
         raise NotFoundError(f"dataset {source!r} not found ({exc})") from None
     except datasets.exceptions.DatasetNotFoundError as exc:
         raise NotFoundError(f"dataset {source!r} not found ({exc})") from None
+    except datasets.exceptions.DatasetGenerationError as exc:  # a local file it cannot parse
+        reason = str(exc.__cause__ or exc).strip().splitlines()[0]
+        raise UsageError(
+            f"cannot read dataset {source!r}: {reason}",
+            hint="fix the file (each line of a .jsonl one valid JSON object), or pass --input-data FILE.jsonl",
+        ) from None
     except ValueError as exc:
         if split is None or "split" not in str(exc).lower():
             raise

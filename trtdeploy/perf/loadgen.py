@@ -28,7 +28,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from ..errors import TrtDeployError
-from .control import Protocol, within
+from .control import Protocol, short, within
 from .records import Record
 from .transports import Caller, Transport, make_transport
 from .workload import Request, Result, Workload
@@ -67,6 +67,11 @@ class Share:
     seed: tuple[int, ...] = (0,)
 
 
+def level_label(concurrency: int | None, request_rate: float | None) -> str:
+    """``concurrency 4`` or ``rate 2.5/s``."""
+    return f"concurrency {concurrency}" if request_rate is None else f"rate {request_rate:g}/s"
+
+
 @dataclass(frozen=True)
 class Level:
     """One load level: ``concurrency`` slots (closed loop) or ``request_rate`` requests/s (open loop), and the input
@@ -90,9 +95,7 @@ class Level:
 
     @property
     def label(self) -> str:
-        if self.request_rate is not None:
-            return f"rate {self.request_rate:g}/s"
-        return f"concurrency {self.concurrency}"
+        return level_label(self.concurrency, self.request_rate)
 
     def items(self, *, warmup: bool) -> list[Item]:
         """The warmup or the measured requests, numbered in one sequence (warmup first)."""
@@ -132,6 +135,7 @@ class LevelRunner:
         #: CPU seconds this process spent in the last :meth:`run` (all its threads: grpc's included).
         self.cpu_s = 0.0
         self._abort: str | None = None
+        self._sink_error: Exception | None = None
         self._tasks: list[asyncio.Future[Any]] = []
         self._complete: deque[Record] = deque()
         self._wake = asyncio.Event()
@@ -153,7 +157,7 @@ class LevelRunner:
         re-raises.
         """
         self.done = self.errors = 0
-        self._abort = None
+        self._abort = self._sink_error = None
         self._level, self._sink = level, sink
         self._audio_rows.clear()
         cpu = time.process_time()
@@ -170,9 +174,12 @@ class LevelRunner:
         finally:
             self._tasks = []
             consumer.cancel()
-            self._drain()
+            if self._sink_error is None:
+                self._drain()
             await self.transport.release()
             self.cpu_s = time.process_time() - cpu
+        if self._sink_error is not None:
+            raise self._sink_error
 
     async def _wait_all(self) -> None:
         """Wait for the senders (given up ones end cancelled); on Ctrl-C cancel them, and let each hand over its
@@ -205,6 +212,8 @@ class LevelRunner:
             if not rec.end_ns:  # not answered in full before the cancellation came
                 rec.fail(self._abort or INTERRUPTED, time.perf_counter_ns())
             raise
+        except Exception as exc:  # the client's own failure (a transport error it does not know): still a record
+            rec.fail(f"client error: {type(exc).__name__}: {short(exc)}", time.perf_counter_ns())
         finally:
             self._finished(rec)
 
@@ -265,19 +274,27 @@ class LevelRunner:
 
     async def _consume(self) -> None:
         """Decode complete records while the load runs, one at a time, each after what is ready to run (the next
-        request of the slot that completed it, the responses that came meanwhile) has run."""
+        request of the slot that completed it, the responses that came meanwhile) has run. A record that cannot be
+        handed over (the reports cannot be written) gives the phase up: :meth:`run` raises that error."""
         while True:
             await self._wake.wait()
             self._wake.clear()
             while self._complete:
                 await asyncio.sleep(0)
-                self._emit(self._complete.popleft())
+                try:
+                    self._emit(self._complete.popleft())
+                except Exception as exc:
+                    self._sink_error = exc
+                    self.abort(f"client error: {type(exc).__name__}: {short(exc)}")
+                    return
 
     def _drain(self) -> None:
         while self._complete:
             self._emit(self._complete.popleft())
 
     def _emit(self, rec: Record) -> None:
+        """Decode ``rec`` and hand it to the sink. Audio is kept for the first measured request of each input row of
+        a level (what the reports save; with worker processes, of each process's share), not for the others."""
         self.decode(rec)
         if rec.audio is not None and (rec.warmup or rec.row in self._audio_rows):
             rec.audio = None
@@ -286,10 +303,7 @@ class LevelRunner:
         self._sink(rec)
 
     def decode(self, rec: Record) -> None:
-        """Read the record's responses through the workload; an unreadable one fails its request.
-
-        Audio is kept for the first measured request of each input row of a level (what the reports save).
-        """
+        """Read the record's responses through the workload; an unreadable one fails its request."""
         request = self.requests[rec.row]
         chunks: list[Any] = []
         times: list[int] = []
@@ -373,7 +387,8 @@ class LocalDriver:
 
 
 def _worker_main(conn: Connection, index: int, spec: WorkerSpec, workload: Workload, requests: list[Request]) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops the workers
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # the parent handles these and stops the workers
+        signal.signal(sig, signal.SIG_IGN)
     try:
         asyncio.run(_worker_loop(conn, index, spec, workload, requests))
     except Exception as exc:
@@ -441,28 +456,38 @@ class WorkerPool:
         self._busy = False
 
     async def _receive(self, conns: list[Connection]) -> list[tuple[Connection, str, Any]]:
+        """The messages of the workers that have one (an ``error`` for a worker that failed or is gone)."""
         ready = await asyncio.get_running_loop().run_in_executor(None, wait, conns, PROGRESS_INTERVAL)
         messages = []
         for conn in ready:
             try:
                 kind, payload = conn.recv()  # type: ignore[union-attr]
-            except EOFError:
-                raise TrtDeployError("a perf worker process exited unexpectedly") from None
-            if kind == "error":
-                raise TrtDeployError(f"a perf worker failed: {payload}")
+            except (EOFError, OSError):
+                kind, payload = "error", "the process exited unexpectedly"
             messages.append((conn, kind, payload))
         return messages
 
     async def _gather(
-        self, conns: list[Connection], expected: str, on_progress: Callable[..., None] | None = None
+        self,
+        conns: list[Connection],
+        expected: str,
+        on_progress: Callable[..., None] | None = None,
+        results: dict[Connection, Any] | None = None,
     ) -> dict[Connection, Any]:
-        results: dict[Connection, Any] = {}
+        """Wait for message ``expected`` from each of ``conns`` (into ``results``, which may hold some already),
+        passing progress on; a worker's failure is raised once the other messages that came with it are handled."""
+        results = {} if results is None else results
         while len(results) < len(conns):
+            failure = None
             for conn, kind, payload in await self._receive([c for c in conns if c not in results]):
                 if kind == expected:
                     results[conn] = payload
                 elif kind == "progress" and on_progress is not None:
                     on_progress(conn, payload)
+                elif kind == "error":
+                    failure = failure or payload
+            if failure is not None:
+                raise TrtDeployError(f"a perf worker failed: {failure}")
         return results
 
     async def start(self) -> None:
@@ -494,12 +519,14 @@ class WorkerPool:
                 sink(rec)
             progress(sum(c[0] for c in counts.values()), sum(c[1] for c in counts.values()))
 
+        done: dict[Connection, Any] = {}
         try:
-            done = await self._gather(active, "done", on_progress)
+            await self._gather(active, "done", on_progress, done)
         except asyncio.CancelledError:
             self.abort(INTERRUPTED)
-            try:
-                await within(self._gather(active, "done", on_progress), WORKER_FLUSH_S)
+            try:  # from the workers that have not finished
+                await within(self._gather(active, "done", on_progress, done), WORKER_FLUSH_S)
+                self._busy = False
             except asyncio.TimeoutError:
                 pass  # what a stuck worker holds is lost; it is terminated on close
             raise

@@ -341,19 +341,3 @@ class LevelStats:
 
 def _add(total: int | None, value: int | None) -> int | None:
     return None if total is None or value is None else total + value
-
-
-def summarize_level(
-    records: Iterable[Record],
-    level: Level,
-    *,
-    stream: bool,
-    family: str,
-    slo: Mapping[str, float],
-    client_cpu_s: Sequence[float] = (),
-) -> dict[str, Any]:
-    """The summary of one level from all its records (see :class:`LevelStats`)."""
-    stats = LevelStats(level, stream=stream, family=family, slo=slo)
-    for rec in records:
-        stats.add(rec)
-    return stats.summary(client_cpu_s)

@@ -4,6 +4,7 @@ and the generated audio (TTS)."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 import re
 import sys
@@ -31,8 +32,6 @@ THROUGHPUT_PNG = "throughput.png"
 AUDIO_DIR = "audio"
 #: Client CPU utilization from which the table warns that the client may have been the bottleneck.
 CLIENT_BUSY = 0.9
-#: Seconds between flushes of requests.jsonl while a level runs (every level's end flushes too).
-FLUSH_INTERVAL_S = 1.0
 
 
 class LiveProgress:
@@ -186,14 +185,16 @@ def _flatten(level: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_csv(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    """The rows as CSV (the columns of all of them, in order of appearance), written atomically."""
     rows = list(rows)
     fields: list[str] = []
     for row in rows:
         fields.extend(key for key in row if key not in fields)
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(path, text.getvalue())
 
 
 def request_row(rec: Record, level: Level, *, stream: bool, family: str, origin_ns: int) -> dict[str, Any]:
@@ -350,7 +351,7 @@ class ReportWriter:
         self.extra: dict[str, Any] = {}
         self._requests: IO[str] | None = None
         self._origin_ns = 0
-        self._flushed = 0.0
+        self._unflushed = False
         self._audio_names: dict[int, set[str]] = {}
 
     @property
@@ -377,8 +378,7 @@ class ReportWriter:
             write_wav(self.output_dir / path, rec.audio, rec.sample_rate)
             row["audio_file"] = path.as_posix()
         self._requests.write(json.dumps(row, default=str) + "\n")
-        if time.monotonic() - self._flushed > FLUSH_INTERVAL_S:
-            self._flush()
+        self._unflushed = True
 
     def _audio_path(self, rec: Record, level: Level) -> Path:
         """``audio/<level>/<label>.wav``, unique within the level (relative to the output folder)."""
@@ -389,14 +389,15 @@ class ReportWriter:
         taken.add(name)
         return Path(AUDIO_DIR) / level_folder(level.concurrency, level.request_rate) / f"{name}.wav"
 
-    def _flush(self) -> None:
-        if self._requests is not None:
+    def flush(self) -> None:
+        """Write the buffered records to requests.jsonl (the engine calls this a few times a second)."""
+        if self._requests is not None and self._unflushed:
             self._requests.flush()
-        self._flushed = time.monotonic()
+            self._unflushed = False
 
     def level_done(self, summary: dict[str, Any]) -> None:
         self.levels.append(summary)
-        self._flush()
+        self.flush()
         self.write_summary("running")
 
     def write_summary(self, status: str) -> list[Path]:

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from ..errors import PerfError, ServerError, UsageError
 from .control import ControlClient, failure_reason, within
 from .control import Protocol as Transport
-from .loadgen import Level, LocalDriver, PhaseResult, WorkerPool, WorkerSpec
+from .loadgen import Level, LocalDriver, PhaseResult, WorkerPool, WorkerSpec, level_label
 from .metrics import DEFINITIONS, LevelStats, check_slo
 from .records import Record
 from .stats import GaugeSampler, Snapshot, server_delta, snapshot
@@ -55,6 +55,9 @@ class RunObserver(Protocol):
 
     def started(self, header: dict[str, Any]) -> None: ...
     def record(self, rec: Record, level: Level) -> None: ...
+    def flush(self) -> None:
+        """Called about every PROGRESS_INTERVAL while a level runs: make the records so far durable."""
+
     def level_done(self, summary: dict[str, Any]) -> None: ...
 
 
@@ -71,6 +74,9 @@ class RunCollector:
 
     def record(self, rec: Record, level: Level) -> None:
         self.records.append(rec)
+
+    def flush(self) -> None:
+        """Nothing to make durable: the records are in memory."""
 
     def level_done(self, summary: dict[str, Any]) -> None:
         self.levels.append(summary)
@@ -233,8 +239,7 @@ class PerfRun:
         """Raise PerfError if any level's error rate exceeds ``max_error_rate``."""
         for level in self.summary["levels"]:
             if level["error_rate"] > max_error_rate:
-                rate = level["request_rate"]
-                where = f"concurrency {level['concurrency']}" if rate is None else f"rate {rate:g}/s"
+                where = level_label(level["concurrency"], level["request_rate"])
                 first = next(iter(level["error_messages"]), "")
                 reports = f"; per-request errors in {self.output_dir / 'requests.jsonl'}" if self.output_dir else ""
                 raise PerfError(
@@ -261,8 +266,10 @@ def _choose_stream(requested: bool | None, model: ModelInfo, protocol: Transport
 class ServerWatch:
     """Probes the server's liveness while a phase runs; when it stops answering, the phase is given up.
 
-    Probes come every PROBE_INTERVAL_S, and sooner (PROBE_GAP_S apart) once requests fail: a dead server (refused
-    connections) is seen within a second, a frozen one (no answer) within a few PROBE_TIMEOUT_S.
+    The server is lost when LOST_AFTER_PROBES probes in a row fail while no request succeeds (they fail, or hang):
+    a server whose health endpoint alone falters while it keeps answering requests is not. Probes come every
+    PROBE_INTERVAL_S, and sooner (PROBE_GAP_S apart) once requests fail: a dead server (refused connections) is
+    seen within a second, a frozen one (no answer) within a few PROBE_TIMEOUT_S.
     """
 
     def __init__(self, control: ControlClient) -> None:
@@ -270,14 +277,18 @@ class ServerWatch:
         self.lost: str | None = None
         self._poke = asyncio.Event()
         self._watching = False
+        self._errors = self._successes = 0
 
-    def poke(self) -> None:
-        """Probe now: requests are failing."""
-        self._poke.set()
+    def progress(self, done: int, errors: int) -> None:
+        """The phase's progress: requests complete and failed so far. New failures bring the next probe forward."""
+        if errors > self._errors:
+            self._poke.set()
+        self._errors, self._successes = errors, done - errors
 
     async def guard(self, driver: LocalDriver | WorkerPool, work: Awaitable[PhaseResult]) -> PhaseResult:
         """Await the phase ``work``; raise ServerLost after it if the server was lost meanwhile."""
         self.lost, self._watching = None, True
+        self._errors = self._successes = 0
         watcher = asyncio.ensure_future(self._watch(driver))
         try:
             result = await work
@@ -286,11 +297,11 @@ class ServerWatch:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
         if self.lost is not None:
-            raise ServerLost(f"the server at {self.control.url} stopped answering ({self.lost})")
+            raise ServerLost(f"the server at {self.control.url} stopped answering: {self.lost}")
         return result
 
     async def _watch(self, driver: LocalDriver | WorkerPool) -> None:
-        failures = 0
+        failures, successes = 0, 0  # failed probes in a row, and the requests that had succeeded at the first
         while self._watching:
             try:
                 await within(self._poke.wait(), PROBE_INTERVAL_S)
@@ -305,6 +316,8 @@ class ServerWatch:
             if live:
                 failures = 0
                 continue
+            if failures == 0 or self._successes != successes:  # requests still succeed: start counting again
+                failures, successes = 0, self._successes
             failures += 1
             if failures >= LOST_AFTER_PROBES:
                 self.lost = reason
@@ -436,10 +449,10 @@ class _LevelRun:
             self.observer.record(rec, level)
 
         def progressed(done: int, errors: int) -> None:
-            if errors > last[1]:
-                watch.poke()
+            watch.progress(done, errors)
             last[:] = [done, errors]
             self.progress.update(offset[0] + done, offset[1] + errors)
+            self.observer.flush()
 
         status, cpu_s = "failed", [0.0]
         before: Snapshot | str = "not taken"

@@ -233,7 +233,8 @@ class StreamSession:
             try:
                 await stream.call.write(message)
             except Exception as exc:  # the stream broke: fail its requests; the next request opens a new one
-                self._end(stream, f"stream closed: {short(exc)}")
+                reason = _rpc_error(exc) if isinstance(exc, self._rpc_error) else short(exc)
+                self._end(stream, f"stream closed: {reason}")
         await done
 
     async def _read(self, stream: _Stream) -> None:
@@ -371,7 +372,9 @@ class HttpTransport(Transport):
             result = await self._client.infer(self.model_name, inputs, outputs=outputs or None)
         except InferenceServerException as exc:
             rec.error = exc.message()
-        except Exception as exc:  # aiohttp's: connection refused or reset, timeout
+        except asyncio.TimeoutError:
+            rec.fail(f"timed out after {self.timeout_s:g} s", time.perf_counter_ns())
+        except Exception as exc:  # aiohttp's: connection refused or reset
             rec.fail(f"{type(exc).__name__}: {short(exc)}", time.perf_counter_ns())
         else:
             rec.chunk_ns.append(time.perf_counter_ns())

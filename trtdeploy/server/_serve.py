@@ -160,7 +160,9 @@ def startup_notes(server: RunningServer) -> list[str]:
 
 @contextmanager
 def stop_signals_as_interrupt() -> Iterator[None]:
-    """Within this block SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl-C does, so cleanup runs for all three.
+    """Within this block SIGTERM and SIGHUP act as Ctrl-C does, so cleanup runs for all three: they go to the SIGINT
+    handler of the moment (inside ``asyncio.run``, the one that cancels the main task, so the interrupt lands at an
+    await, not anywhere), or raise KeyboardInterrupt where SIGINT is ignored.
 
     The server runs in a session of its own and gets none of these signals itself: whoever holds it must stop it.
     Only the main thread can own signal handlers; elsewhere this does nothing.
@@ -170,7 +172,10 @@ def stop_signals_as_interrupt() -> Iterator[None]:
         return
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
+        on_ctrl_c = signal.getsignal(signal.SIGINT)
+        if not callable(on_ctrl_c):
+            raise KeyboardInterrupt
+        on_ctrl_c(signal.SIGINT, frame)
 
     previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:

@@ -220,7 +220,7 @@ def _forget_dead(info: ServerInfo) -> None:
     """Kill what is left of a server whose leader died, remove its shared memory, then its record.
 
     python-backend stubs outlive a tritonserver killed while its parent does not reap it, and ignore SIGTERM.
-    A :class:`ServerCleanupWarning` says what was cleaned, if anything.
+    A :class:`ServerCleanupWarning` says that the server had died, and what was cleaned.
     """
     marks = [info.shm_prefix or "", str(info.model_repo) if info.model_repo else ""]
     leftovers = leftover_processes(info.pgid, marks) if info.pgid is not None else {}
@@ -228,14 +228,18 @@ def _forget_dead(info: ServerInfo) -> None:
     removed = remove_shm_regions(info.shm_prefix or "")
     if info.state_file is not None:
         info.state_file.unlink(missing_ok=True)
-    if leftovers or removed:
-        warnings.warn(
-            f"cleaned up after the server on gRPC port {info.grpc_port} that died: killed "
-            f"{_plural(len(leftovers), 'leftover process', 'leftover processes')}, removed "
-            f"{_plural(removed, 'shared-memory region', 'shared-memory regions')}",
-            ServerCleanupWarning,
-            stacklevel=3,
-        )
+    cleaned = (
+        f": killed {_plural(len(leftovers), 'leftover process', 'leftover processes')}, removed "
+        f"{_plural(removed, 'shared-memory region', 'shared-memory regions')}"
+        if leftovers or removed
+        else ""
+    )
+    warnings.warn(
+        f"the server on gRPC port {info.grpc_port} ({info.deployment or 'no deployment'}) had died; its record is "
+        f"removed{cleaned}",
+        ServerCleanupWarning,
+        stacklevel=3,
+    )
 
 
 def running_servers() -> list[ServerInfo]:

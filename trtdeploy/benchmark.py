@@ -32,7 +32,7 @@ from .perf.runner import (
     run_levels,
 )
 from .perf.workload import InputRow, RequestOptions, Workload
-from .server import DEFAULT_PORTS
+from .server import DEFAULT_PORTS, resolved_path
 
 if TYPE_CHECKING:
     from .perf.control import Protocol
@@ -67,22 +67,15 @@ class PerfSettings:
         check_slo_limits(self.slo)
 
 
-def _same_path(a: Path, b: Path) -> bool:
-    try:
-        return a.resolve() == b.resolve()
-    except OSError:
-        return False
-
-
 def server_of(deployment: Path) -> ServerInfo:
     """The running server (its :class:`~trtdeploy.server.ServerInfo`) that serves ``deployment``; ServerError
     naming the deployment if none does."""
-    from .server import running_servers, servers_of
+    from .server import listing, running_servers, servers_of
 
     serving = servers_of(deployment)
     if serving:
         return serving[0]
-    others = "; ".join(f"{info.grpc_url} serves {info.deployment}" for info in running_servers())
+    others = listing(running_servers())
     raise ServerError(
         f"no running server serves {deployment}",
         hint=f"start one with `trtdeploy serve {deployment} --background`, or pass --url HOST:PORT"
@@ -109,20 +102,20 @@ def resolve_endpoint(
     """
     from .server import choose_server, current_server
 
-    if url is not None:
-        info = current_server(check_url(url))
+    address = check_url(url) if url is not None else None
+    if address is not None:
+        info = current_server(address)
     elif deployment is not None:
         info = server_of(deployment)
     else:
         info = choose_server()
     if info.state_file is not None:
         return endpoint_of(info, protocol, metrics_url), info.deployment
-    assert url is not None
-    url = check_url(url)
-    host, _, port = url.rpartition(":")
+    assert address is not None
+    host, _, port = address.rpartition(":")
     if metrics_url is None and int(port) in DEFAULT_PORTS[:2]:  # Triton's defaults: metrics are on the third
         metrics_url = f"http://{host}:{DEFAULT_PORTS[2]}/metrics"
-    return Endpoint(url, protocol, metrics_url), None
+    return Endpoint(address, protocol, metrics_url), None
 
 
 def resolve_workload(deployment: Deployment, model: str | None) -> Workload:
@@ -228,7 +221,7 @@ def resolve_target(settings: PerfSettings, warn: Callable[[str], None]) -> tuple
         endpoint, served = resolve_endpoint(
             settings.url, settings.protocol, settings.metrics_url, deployment=deployment.path
         )
-        if served is not None and not _same_path(served, deployment.path):
+        if served is not None and resolved_path(served) != resolved_path(deployment.path):
             warn(f"the server at {endpoint.url} serves {served}, not {deployment.path}; loading it as the latter")
         return endpoint, deployment
     endpoint, served = resolve_endpoint(settings.url, settings.protocol, settings.metrics_url)

@@ -62,5 +62,5 @@ def summarize_level(
     """The summary of a level from all its records, as the engine builds it one record at a time."""
     stats = LevelStats(level, stream=stream, family=family, slo=slo)
     for rec in records:
-        stats.add(rec)
+        stats.add(rec, stats.metrics(rec))
     return stats.summary(client_cpu_s)

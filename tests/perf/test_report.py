@@ -12,6 +12,7 @@ from rich.console import Console
 from trtdeploy.errors import ExitCode, PerfError
 from trtdeploy.perf import report
 from trtdeploy.perf.loadgen import Level
+from trtdeploy.perf.metrics import request_metrics
 from trtdeploy.perf.report import ReportWriter, print_table
 from trtdeploy.perf.runner import PerfRun
 
@@ -41,13 +42,17 @@ def _run(errors: int = 0) -> PerfRun:
     return PerfRun(summary={**HEADER, "levels": [summary for _, _, summary in _levels(errors)]})
 
 
+def _metrics(rec):
+    return None if rec.error else request_metrics(rec, stream=HEADER["stream"], family=HEADER["family"])
+
+
 def write_reports(out, errors: int = 0, **kwargs) -> list:
     """Replay hand-made levels through a ReportWriter, as the engine would; the files it wrote."""
     writer = ReportWriter(out, **kwargs)
     writer.started(HEADER)
     for lv, recs, summary in _levels(errors):
         for rec in recs:
-            writer.record(rec, lv)
+            writer.record(rec, lv, _metrics(rec))
         writer.level_done(summary)
     return writer.finish()
 
@@ -85,7 +90,7 @@ def test_each_level_is_on_disk_as_soon_as_it_ends(tmp_path):
     writer.started(HEADER)
     (lv, recs, summary), _ = _levels()
     for rec in recs:
-        writer.record(rec, lv)
+        writer.record(rec, lv, _metrics(rec))
     writer.level_done(summary)
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk["status"] == "running" and [level["level"] for level in on_disk["levels"]] == [0]

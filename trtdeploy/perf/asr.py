@@ -226,8 +226,9 @@ async def _check_model(control: ControlClient, address: str, model: str) -> None
         raise ServerError(f"the Whisper server at {address} is not live", hint=_URL_HINT)
     try:
         await control.model_info(model)
-    except NotFoundError as exc:
-        listed = f" ({exc.hint.split(' (')[0]})" if exc.hint and exc.hint.startswith("its models") else ""
+    except NotFoundError:
+        states = await control.model_states()  # None where the model list is restricted
+        listed = f" (its models: {', '.join(sorted(states)) or 'none'})" if states is not None else ""
         raise NotFoundError(
             f"no Whisper model {model!r} at {address}{listed}", hint="name the Whisper model with --asr-model"
         ) from None

@@ -239,8 +239,13 @@ class LevelStats:
         self.accuracy = [0, 0, 0.0]  # requests scored, exact matches, sum of ROUGE-L F1
         self.scores: dict[str, list[float]] = {}  # name -> [sum, count]
 
-    def add(self, rec: Record) -> None:
-        """Count one decoded record (warmup records only as such)."""
+    def metrics(self, rec: Record) -> dict[str, Any] | None:
+        """The per-request metrics of a decoded record (None for a failed one): computed once per record, for the
+        level's statistics and the record's row in the reports alike."""
+        return None if rec.error is not None else request_metrics(rec, stream=self.stream, family=self.family)
+
+    def add(self, rec: Record, metrics: dict[str, Any] | None) -> None:
+        """Count one decoded record with its :meth:`metrics` (warmup records only as such)."""
         if rec.warmup:
             self.warmup += 1
             return
@@ -253,10 +258,11 @@ class LevelStats:
         if rec.error is not None:
             self.errors[rec.error] += 1
             return
+        assert metrics is not None, "a successful record comes with its metrics"
         self.ok += 1
-        metrics = request_metrics(rec, stream=self.stream, family=self.family)
+        values = metrics
         if self.family == "llm":
-            metrics.update(input_tokens=rec.input_tokens, output_tokens=rec.output_tokens)
+            values = {**metrics, "input_tokens": rec.input_tokens, "output_tokens": rec.output_tokens}
             self.input_total = _add(self.input_total, rec.input_tokens)
             self.output_total = _add(self.output_total, rec.output_tokens)
             self.zero_output += rec.output_tokens == 0
@@ -265,9 +271,9 @@ class LevelStats:
         else:
             self.audio_seconds += metrics["audio_seconds"] or 0.0
             self.underrun_requests += bool(metrics["underruns"])
-        for name, values in self.series.items():
-            if metrics.get(name) is not None:
-                values.append(metrics[name])
+        for name, series in self.series.items():
+            if values.get(name) is not None:
+                series.append(values[name])
         self.icl.extend(metrics["icl_ms"])
         self.met_slo += bool(self.slo) and meets_slo(metrics, self.slo)
         if "exact_match" in metrics:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from ..fsutil import atomic_write_text
-from .metrics import DEFINITIONS, request_metrics
+from .metrics import DEFINITIONS
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -197,8 +197,11 @@ def write_csv(path: Path, rows: Iterable[dict[str, Any]]) -> None:
     atomic_write_text(path, text.getvalue())
 
 
-def request_row(rec: Record, level: Level, *, stream: bool, family: str, origin_ns: int) -> dict[str, Any]:
-    """The ``requests.jsonl`` row of one request (warmup and failed ones too): its level, times and metrics.
+def request_row(
+    rec: Record, level: Level, metrics: dict[str, Any] | None, *, family: str, origin_ns: int
+) -> dict[str, Any]:
+    """The ``requests.jsonl`` row of one request (warmup and failed ones too): its level, times and ``metrics``
+    (:func:`~trtdeploy.perf.metrics.request_metrics`; None for a failed request).
 
     ``start_ms`` is its send time in ms after ``origin_ns`` (the start of the run).
     """
@@ -215,10 +218,8 @@ def request_row(rec: Record, level: Level, *, stream: bool, family: str, origin_
     }
     if rec.scheduled_ns is not None:
         row["lag_ms"] = (rec.send_ns - rec.scheduled_ns) / 1e6
-    if rec.error is None:
-        metrics = request_metrics(rec, stream=stream, family=family)
-        metrics.pop("icl_ms")
-        row.update(metrics)
+    if metrics is not None:
+        row.update((key, value) for key, value in metrics.items() if key != "icl_ms")
         row["chunk_ms"] = [(t - rec.send_ns) / 1e6 for t in rec.chunk_ns]
         row["chunk_tokens"] = rec.chunk_tokens
         if family == "tts":
@@ -368,11 +369,9 @@ class ReportWriter:
         self._requests = open(self.requests_path, "w", encoding="utf-8")  # noqa: SIM115 - closed by finish()
         self._origin_ns = time.perf_counter_ns()
 
-    def record(self, rec: Record, level: Level) -> None:
+    def record(self, rec: Record, level: Level, metrics: dict[str, Any] | None) -> None:
         assert self._requests is not None, "started() comes first"
-        row = request_row(
-            rec, level, stream=self.header["stream"], family=self.header["family"], origin_ns=self._origin_ns
-        )
+        row = request_row(rec, level, metrics, family=self.header["family"], origin_ns=self._origin_ns)
         if rec.audio is not None and rec.sample_rate is not None:
             path = self._audio_path(rec, level)
             write_wav(self.output_dir / path, rec.audio, rec.sample_rate)

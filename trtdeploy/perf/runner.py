@@ -54,7 +54,9 @@ class RunObserver(Protocol):
     """Gets a run's parts as they exist: what the run is, every finished record, every level's summary."""
 
     def started(self, header: dict[str, Any]) -> None: ...
-    def record(self, rec: Record, level: Level) -> None: ...
+    def record(self, rec: Record, level: Level, metrics: dict[str, Any] | None) -> None:
+        """A finished record of ``level`` and its per-request metrics (None for a failed one)."""
+
     def flush(self) -> None:
         """Called about every PROGRESS_INTERVAL while a level runs: make the records so far durable."""
 
@@ -72,7 +74,7 @@ class RunCollector:
     def started(self, header: dict[str, Any]) -> None:
         self.header = header
 
-    def record(self, rec: Record, level: Level) -> None:
+    def record(self, rec: Record, level: Level, metrics: dict[str, Any] | None) -> None:
         self.records.append(rec)
 
     def flush(self) -> None:
@@ -445,8 +447,9 @@ class _LevelRun:
         offset, last = [0, 0], [0, 0]  # offset: the warmup's (done, errors), added to the measured phase's
 
         def sink(rec: Record) -> None:
-            stats.add(rec)
-            self.observer.record(rec, level)
+            metrics = stats.metrics(rec)
+            stats.add(rec, metrics)
+            self.observer.record(rec, level, metrics)
 
         def progressed(done: int, errors: int) -> None:
             watch.progress(done, errors)

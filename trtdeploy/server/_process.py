@@ -16,7 +16,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Literal
@@ -101,23 +101,26 @@ def terminate_group(pgid: int, timeout: float = 30.0, *, leader: subprocess.Pope
         raise
 
 
-def _terminate_group(pgid: int, timeout: float, leader: subprocess.Popen | None) -> None:
-    _signal_group(pgid, signal.SIGTERM)
-    _signal_group(pgid, signal.SIGCONT)  # a stopped (frozen) process acts on SIGTERM only once it runs again
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if leader is not None:
-            leader.poll()
-        if not group_members(pgid):
-            break
-        time.sleep(0.05)
-    else:
-        _signal_group(pgid, signal.SIGKILL)
-        kill_deadline = time.monotonic() + 5.0
-        while group_members(pgid) and time.monotonic() < kill_deadline:
-            if leader is not None:
-                leader.poll()
+def _escalate(send: Callable[[signal.Signals], None], alive: Callable[[], bool], grace: float) -> None:
+    """``send`` SIGTERM (and SIGCONT: a stopped, frozen process acts on SIGTERM only once it runs again), wait up to
+    ``grace`` s for nothing to be ``alive``, then SIGKILL and wait up to 5 s more."""
+    for signals, wait in (((signal.SIGTERM, signal.SIGCONT), grace), ((signal.SIGKILL,), 5.0)):
+        for sig in signals:
+            send(sig)
+        deadline = time.monotonic() + wait
+        while alive() and time.monotonic() < deadline:
             time.sleep(0.05)
+        if not alive():
+            return
+
+
+def _terminate_group(pgid: int, timeout: float, leader: subprocess.Popen | None) -> None:
+    def alive() -> bool:
+        if leader is not None:
+            leader.poll()  # reap it, or it lingers in the group as a zombie
+        return bool(group_members(pgid))
+
+    _escalate(lambda sig: _signal_group(pgid, sig), alive, timeout)
     if leader is not None:
         try:
             leader.wait(timeout=5.0)
@@ -153,16 +156,14 @@ def kill_processes(processes: Mapping[int, int], grace: float = LEFTOVER_GRACE) 
     def alive() -> list[int]:
         return [pid for pid, ticks in processes.items() if process_alive(pid, ticks)]
 
-    for signals, wait in (((signal.SIGTERM, signal.SIGCONT), grace), ((signal.SIGKILL,), 5.0)):
+    def send(sig: signal.Signals) -> None:
         for pid in alive():
-            for sig in signals:
-                try:
-                    os.kill(pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        deadline = time.monotonic() + wait
-        while alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    _escalate(send, lambda: bool(alive()), grace)
 
 
 def remove_shm_regions(prefix: str) -> int:

@@ -71,3 +71,18 @@ def first_sequence(output_ids: Any, sequence_length: Any = None) -> Any:
     if sequence_length is not None and sequence_length.size:
         flat = flat[: int(sequence_length.reshape(-1)[0])]
     return flat
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def segment_seed(seed: int, segment: int) -> int:
+    """The seed of call ``segment`` (from 0) of an answer asked for in segments, on an engine whose sampling noise
+    restarts with each request: the request's seed for the first call, then distinct, well-mixed 64-bit seeds
+    (SplitMix64 of the seed and the segment), so that no segment replays another's noise."""
+    if segment == 0:
+        return seed
+    mixed = (seed + segment * 0x9E3779B97F4A7C15) & _MASK64
+    mixed = ((mixed ^ (mixed >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    mixed = ((mixed ^ (mixed >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return mixed ^ (mixed >> 31)

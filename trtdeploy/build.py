@@ -266,7 +266,11 @@ def _memory_notes(context: BuildContext) -> list[str]:
 def _assemble(
     spec: ModelSpec, engine: Engine, context: BuildContext, source: Checkpoint | None, revision: str | None
 ) -> Plan:
-    context = replace(context, llm_input_names=engine.input_names(context))
+    context = replace(
+        context,
+        llm_input_names=engine.input_names(context),
+        llm_noise_keyed_by_position=engine.noise_keyed_by_position,
+    )
     notes = _memory_notes(context)
     variables = {"ctx": context, "engine": engine.template_context(context), "model": spec.template_context(context)}
     templates = [

@@ -110,6 +110,8 @@ class BuildContext:
     gpu_count: int | None = None
     #: LLM-contract input names the engine spells differently (TRT-LLM 0.20+ reads ``seed`` for ``random_seed``).
     llm_input_names: dict[str, str] = field(default_factory=dict)
+    #: The engine's :attr:`~trtdeploy.engines.base.Engine.noise_keyed_by_position`.
+    llm_noise_keyed_by_position: bool = False
 
     def llm_input(self, name: str) -> str:
         """The LLM model's name for the contract input ``name``."""

@@ -126,6 +126,22 @@ def test_chunks_are_audio_and_a_request_without_audio_fails() -> None:
         workload.finish(None, [Chunk()][:0])
 
 
+def test_overlapping_chunks_are_rebuilt_by_the_official_rule() -> None:
+    """Each chunk after the first repeats the last 0.1 s of the one before; the audio is what the server finished."""
+    finished = np.random.default_rng(0).standard_normal(16000).astype(np.float32)
+    cuts = [0, 4800, 9600, 16000]
+    wire = [finished[max(start - 1600, 0) : end] for start, end in zip(cuts, cuts[1:], strict=False)]
+    workload = TTSWorkload(
+        "spark_tts", decoupled=True, sample_rate=16000, tokens_per_second=50, chunk_overlap_samples=1600
+    )
+    chunks = [workload.parse_chunk({"waveform": chunk.reshape(1, -1)}, None) for chunk in wire]
+    # a chunk's last 0.1 s plays once the next one is blended in
+    assert [chunk.audio_seconds for chunk in chunks] == pytest.approx([0.2, 0.3, 0.4])
+    result = workload.finish(None, chunks)
+    assert result.audio_seconds == pytest.approx(1.0)
+    assert np.abs(result.audio - finished).max() < 1e-6 * np.abs(finished).max()
+
+
 def test_synthetic_rows_are_reproducible_and_sized_like_the_real_split() -> None:
     workload = TTSWorkload("spark_tts", decoupled=False, sample_rate=16000, tokens_per_second=50)
     rows = workload.synthetic_rows(26, input_tokens=128, output_tokens=None, seed=7)

@@ -50,6 +50,10 @@ class Engine(ABC):
     #: Whether a TP x PP deployment runs as one tritonserver per GPU under mpirun (TRT-LLM's C++ backend) rather
     #: than one tritonserver whose model starts its own workers.
     launches_ranks: ClassVar[bool] = False
+    #: Whether a seeded request's sampling noise depends only on (seed, position), so that asking for an answer in
+    #: segments (the prompt plus what was said) with one seed draws the tokens one call would. Otherwise each
+    #: request restarts its seed's noise sequence, and a model asking in segments must vary the seed per segment.
+    noise_keyed_by_position: ClassVar[bool] = False
 
     @abstractmethod
     def unavailable_reason(self) -> str | None:

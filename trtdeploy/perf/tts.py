@@ -2,8 +2,10 @@
 
 The tensor contract is the official Spark-TTS/CosyVoice Triton one: ``reference_wav`` FP32 [1, N] (mono, at the
 model's input rate), ``reference_wav_len`` INT32, ``reference_text`` and ``target_text`` BYTES; ``waveform`` FP32
-back, in one response or streamed as chunks that play one after another. Optional inputs are sent when the model
-declares them: ``sample_rate``, ``max_tokens``, ``temperature``, ``top_k``, ``top_p``, ``random_seed``.
+back, in one response or streamed as chunks. Streamed chunks either play one after another, or overlap as the
+official clients expect: each chunk after the first repeats the last ``chunk_overlap_samples`` of the chunk before,
+and the audio is rebuilt by the official clients' rule (:func:`join_overlapped`). Optional inputs are sent when the
+model declares them: ``sample_rate``, ``max_tokens``, ``temperature``, ``top_k``, ``top_p``, ``random_seed``.
 
 Inputs:
 * ``--dataset yuekai/seed_tts --split wenetspeech4tts`` (columns id, prompt_text, prompt_audio, target_text), or any
@@ -164,6 +166,25 @@ def _sentence(seconds: float, rng: np.random.Generator) -> str:
     return " ".join(words).capitalize() + "."
 
 
+def join_overlapped(chunks: Sequence[np.ndarray], overlap: int) -> np.ndarray:
+    """The audio of overlapping chunks, rebuilt as the official Spark-TTS/CosyVoice clients do: the first chunk but
+    its last ``overlap`` samples, then for each later chunk its first ``overlap`` samples faded in over the previous
+    chunk's last ``overlap`` faded out, and its middle; then the last chunk's last ``overlap`` samples."""
+    import numpy as np
+
+    if not chunks:
+        return np.zeros(0, dtype=np.float32)
+    if overlap <= 0:
+        return np.concatenate(chunks)
+    fade_in = np.linspace(0.0, 1.0, overlap, dtype=np.float32)
+    parts = [chunks[0][:-overlap]]
+    for previous, chunk in zip(chunks, chunks[1:], strict=False):
+        parts.append(chunk[:overlap] * fade_in + previous[-overlap:] * (1 - fade_in))
+        parts.append(chunk[overlap:-overlap])
+    parts.append(chunks[-1][-overlap:])
+    return np.concatenate(parts).astype(np.float32)
+
+
 class TTSWorkload(Workload):
     """Speech synthesis through the reference-voice contract (see the module docstring)."""
 
@@ -177,6 +198,7 @@ class TTSWorkload(Workload):
         sample_rate: int,
         tokens_per_second: int,
         input_sample_rate: int = 16000,
+        chunk_overlap_samples: int = 0,
     ) -> None:
         self.model_name = model_name
         self.decoupled = decoupled
@@ -185,6 +207,8 @@ class TTSWorkload(Workload):
         self.input_sample_rate = input_sample_rate
         #: Speech tokens per second of audio (``max_tokens`` of synthetic rows).
         self.tokens_per_second = tokens_per_second
+        #: Streamed chunks overlap by this many samples (the official wire format); 0: they play one after another.
+        self.chunk_overlap_samples = chunk_overlap_samples
 
     def validate(self, model: ModelInfo, options: RequestOptions) -> None:
         model.require_inputs("reference_wav", "reference_text", "target_text")
@@ -272,12 +296,14 @@ class TTSWorkload(Workload):
         if wave is None or wave.size == 0:
             return Chunk()
         wave = wave.reshape(-1)
-        return Chunk(audio_seconds=wave.size / self.sample_rate, audio=wave)
+        # an overlapping chunk's last samples play only once the next chunk is blended in (the last chunk's, at
+        # the end: finish() counts them)
+        playable = max(wave.size - self.chunk_overlap_samples, 0)
+        return Chunk(audio_seconds=playable / self.sample_rate, audio=wave)
 
     def finish(self, request: Request, chunks: Sequence[Chunk]) -> Result:
-        import numpy as np
-
-        if not chunks:
+        waves = [chunk.audio for chunk in chunks if chunk.audio is not None]
+        if not waves:
             raise ValueError("the response holds no audio")
-        audio = np.concatenate([chunk.audio for chunk in chunks if chunk.audio is not None])
+        audio = join_overlapped(waves, self.chunk_overlap_samples)
         return Result(audio_seconds=audio.size / self.sample_rate, audio=audio, sample_rate=self.sample_rate)

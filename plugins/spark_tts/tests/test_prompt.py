@@ -10,6 +10,7 @@ from trtdeploy_spark_tts.prompt import (
     SEMANTIC_CODES,
     PromptCodec,
     added_tokens,
+    end_token,
     global_token,
     semantic_token,
     semantic_tokens_for,
@@ -23,6 +24,30 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("spark-tokenizer")
     write_bpe_tokenizer(folder, added_tokens=added_tokens())
     return folder
+
+
+@pytest.fixture(scope="module")
+def bos_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tokenizer whose post-processor puts a BOS before every sequence (as Llama's does)."""
+    from tokenizers import Tokenizer, processors
+
+    from trtdeploy.checkpoints import write_bpe_tokenizer
+
+    folder = tmp_path_factory.mktemp("spark-bos-tokenizer")
+    write_bpe_tokenizer(folder, added_tokens=added_tokens())
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    bos = "<|im_start|>"
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", special_tokens=[(bos, tokenizer.token_to_id(bos))]
+    )
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+@pytest.fixture(scope="module", params=["qwen2", "with-bos"])
+def folder_and_codec(request, folder: Path, bos_folder: Path) -> tuple[Path, PromptCodec]:
+    chosen = folder if request.param == "qwen2" else bos_folder
+    return chosen, PromptCodec.load(chosen)
 
 
 @pytest.fixture(scope="module")
@@ -48,22 +73,59 @@ def official_prompt(reference_text: str | None, target: str, globals_: list[int]
 
 
 @pytest.mark.parametrize("reference_text", ["The quick brown fox.", "今天天气很好", None])
-def test_prompt_ids_equal_tokenizing_the_official_prompt(codec, hf_tokenizer, reference_text: str | None) -> None:
+def test_prompt_ids_equal_tokenizing_the_official_prompt(folder_and_codec, reference_text: str | None) -> None:
+    """The official BLS tokenizes the prompt string with the tokenizer's default special-token handling."""
+    from transformers import AutoTokenizer
+
+    tokenizer_dir, codec = folder_and_codec
+    hf_tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
     rng = np.random.default_rng(1)
     globals_ = rng.integers(0, 4096, 32).tolist()
     semantic = rng.integers(0, SEMANTIC_CODES, 120).tolist()
     target = "Speech synthesis turns text into audio!"
     text_ids = codec.text_ids(reference_text or "", target)
     ids = codec.prompt_ids(text_ids, np.array(globals_), None if reference_text is None else np.array(semantic))
-    expected = hf_tokenizer.encode(
-        official_prompt(reference_text, target, globals_, semantic), add_special_tokens=False
-    )
+    expected = hf_tokenizer([official_prompt(reference_text, target, globals_, semantic)]).input_ids[0]
     assert ids.tolist() == expected
     assert ids.size == codec.prompt_length(text_ids, None if reference_text is None else len(semantic))
 
 
+def test_the_bos_tokenizer_really_adds_one(bos_folder: Path) -> None:
+    codec = PromptCodec.load(bos_folder)
+    assert codec.text_ids("", "hi")[0] == codec.prefix_ids[0] and len(codec.prefix_ids) == 1
+
+
 def test_special_ids_are_the_tokenizers(codec: PromptCodec, hf_tokenizer) -> None:
     assert (codec.eos_id, codec.pad_id) == (hf_tokenizer.eos_token_id, hf_tokenizer.pad_token_id)
+
+
+def write_config(folder: Path, name: str, eos_token_id) -> None:
+    import json
+
+    (folder / name).write_text(json.dumps({"eos_token_id": eos_token_id}))
+
+
+def test_the_end_token_is_the_models_own_when_the_tokenizer_disagrees(folder: Path, tmp_path: Path) -> None:
+    import shutil
+
+    shutil.copytree(folder, tmp_path, dirs_exist_ok=True)
+    tokenizer_eos = PromptCodec.load(tmp_path).eos_id
+    assert end_token(tmp_path, tokenizer_vocab(tmp_path)) == (tokenizer_eos, None)  # no config: the tokenizer's
+    write_config(tmp_path, "config.json", tokenizer_eos)
+    assert end_token(tmp_path, tokenizer_vocab(tmp_path)) == (tokenizer_eos, None)  # the released checkpoint's case
+    write_config(tmp_path, "config.json", 7)
+    eos, note = end_token(tmp_path, tokenizer_vocab(tmp_path))
+    assert eos == 7 == PromptCodec.load(tmp_path).eos_id
+    assert "ends on id 7 (config.json eos_token_id, which the official CLI stops on)" in note
+    assert f"eos_token '<|im_end|>' (id {tokenizer_eos}, which the official Triton BLS sends)" in note
+    write_config(tmp_path, "generation_config.json", [9, tokenizer_eos])  # generate() reads this one first
+    assert end_token(tmp_path, tokenizer_vocab(tmp_path)) == (tokenizer_eos, None)
+
+
+def tokenizer_vocab(folder: Path) -> dict[str, int]:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab(with_added_tokens=True)
 
 
 def test_semantic_codes_are_read_back_in_order_and_other_tokens_dropped(codec: PromptCodec) -> None:

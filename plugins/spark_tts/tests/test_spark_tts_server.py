@@ -18,12 +18,15 @@ from tritonclient.utils import InferenceServerException
 from trtdeploy_spark_tts.checkpoint import write_random_checkpoint
 from trtdeploy_spark_tts.prompt import SAMPLE_RATE, SAMPLES_PER_TOKEN
 
+from trtdeploy.backend_utils import segment_seed
 from trtdeploy.build import BuildRequest, run
 
 pytestmark = pytest.mark.server
 
 #: Small chunks, so that a few hundred tokens stream as several chunks.
 STREAM_OPTIONS = {"chunk_seconds": "0.4", "chunk_growth": "2", "max_chunk_seconds": "4"}
+#: The official client's --chunk-overlap-duration (0.1 s) in samples, the deployment's chunk_overlap_seconds.
+OVERLAP = 1600
 
 
 def voice(seconds: float, seed: int = 0) -> np.ndarray:
@@ -50,10 +53,23 @@ def tts_inputs(
     for name, value in (("reference_text", reference), ("target_text", target)):
         if value is not None:
             inputs.append(tensor(name, np.array([[value]], dtype=object), "BYTES"))
-    numpy_types = {"INT32": np.int32, "FP32": np.float32, "UINT64": np.uint64}
+    numpy_types = {"INT32": np.int32, "FP32": np.float32, "UINT64": np.uint64, "BYTES": object}
     for name, (value, dtype) in scalars.items():
         inputs.append(tensor(name, np.array([[value]], dtype=numpy_types[dtype]), dtype))
     return inputs
+
+
+def official_client_audio(chunks: list[np.ndarray], overlap: int = OVERLAP) -> np.ndarray:
+    """What the official ``client_grpc.py --mode streaming`` saves, by its rule: the first chunk without its last
+    ``overlap`` samples; for each later chunk, its first ``overlap`` samples faded in (0 to 1) over the previous
+    chunk's last ``overlap`` faded out (1 to 0), then its samples between the two overlaps; at the end, the last
+    chunk's last ``overlap`` samples."""
+    fade_out, fade_in = np.linspace(1, 0, overlap), np.linspace(0, 1, overlap)
+    audio = chunks[0][:-overlap]
+    for index in range(1, len(chunks)):
+        blended = chunks[index][:overlap] * fade_in + chunks[index - 1][-overlap:] * fade_out
+        audio = np.concatenate([audio, blended, chunks[index][overlap:-overlap]])
+    return np.concatenate([audio, chunks[-1][-overlap:]])
 
 
 def offline(url: str, model: str, inputs: list[grpcclient.InferInput]) -> np.ndarray:
@@ -85,9 +101,10 @@ def streamed(url: str, inputs: list[grpcclient.InferInput], model: str = "spark_
 
 
 def ask(url: str, model: str, inputs: list[grpcclient.InferInput]) -> np.ndarray:
-    """The whole audio of one request: streamed from ``spark_tts``, in one piece from ``spark_tts_offline``."""
+    """The whole audio of one request: streamed from ``spark_tts`` (as the official client rebuilds it), in one
+    piece from ``spark_tts_offline``."""
     if model == "spark_tts":
-        return np.concatenate(streamed(url, inputs, model))
+        return official_client_audio(streamed(url, inputs, model))
     return offline(url, model, inputs)
 
 
@@ -105,17 +122,39 @@ def test_offline_audio_has_the_length_the_tokens_imply(server):
     assert np.isfinite(audio).all() and audio.std() > 0
 
 
-def test_stream_sends_chunks_whose_concatenation_is_the_offline_audio(server):
-    request = {"max_tokens": (300, "INT32"), "random_seed": (11, "UINT64")}
-    chunks = streamed(server.grpc_url, tts_inputs(voice(3.0, seed=1), **request))
-    whole = offline(server.grpc_url, "spark_tts_offline", tts_inputs(voice(3.0, seed=1), **request))
-    assert len(chunks) >= 4
-    joined = np.concatenate(chunks)
-    assert joined.size == whole.size == 300 * SAMPLES_PER_TOKEN
-    # server-side cross-fade and left context: the streamed audio is the offline audio but near the seams
-    per_token = np.abs(joined - whole).reshape(300, SAMPLES_PER_TOKEN).max(axis=1)
+def assert_offline_but_near_the_seams(audio: np.ndarray, whole: np.ndarray, tokens: int) -> None:
+    """Server-side cross-fade and left context: streamed audio is the offline audio but near the seams."""
+    assert audio.size == whole.size == tokens * SAMPLES_PER_TOKEN
+    per_token = np.abs(audio - whole).reshape(tokens, SAMPLES_PER_TOKEN).max(axis=1)
     assert np.median(per_token) < 1e-4 * max(1.0, float(np.abs(whole).max()))
     assert (per_token < 1e-4).mean() > 0.6
+
+
+SEEDED = {"max_tokens": (300, "INT32"), "random_seed": (11, "UINT64")}
+
+
+def test_the_official_client_rebuilds_the_offline_audio_from_the_default_stream(server):
+    chunks = streamed(server.grpc_url, tts_inputs(voice(3.0, seed=1), **SEEDED))
+    whole = offline(server.grpc_url, "spark_tts_offline", tts_inputs(voice(3.0, seed=1), **SEEDED))
+    finished = streamed(server.grpc_url, tts_inputs(voice(3.0, seed=1), **SEEDED, stream_format=(b"finished", "BYTES")))
+    assert len(chunks) == len(finished) >= 4
+    # each chunk after the first repeats the last 0.1 s of the one before
+    for previous, chunk in zip(chunks, chunks[1:], strict=False):
+        assert np.array_equal(chunk[:OVERLAP], previous[-OVERLAP:])
+    rebuilt = official_client_audio(chunks)
+    assert_offline_but_near_the_seams(rebuilt, whole, 300)
+    # what the official client rebuilds is the finished stream, sample for sample (up to the fade's rounding)
+    assert np.abs(rebuilt - np.concatenate(finished)).max() < 1e-6
+
+
+def test_finished_chunks_play_one_after_another_as_the_offline_audio(server):
+    request = tts_inputs(voice(3.0, seed=1), **SEEDED, stream_format=(b"finished", "BYTES"))
+    chunks = streamed(server.grpc_url, request)
+    whole = offline(server.grpc_url, "spark_tts_offline", tts_inputs(voice(3.0, seed=1), **SEEDED))
+    assert len(chunks) >= 4
+    assert_offline_but_near_the_seams(np.concatenate(chunks), whole, 300)
+    # the official client's rule on chunks that do not overlap drops audio at the seams
+    assert official_client_audio(chunks).size < whole.size - OVERLAP
 
 
 def test_per_request_sampling_changes_the_speech(server):
@@ -158,7 +197,7 @@ def test_concurrency_four_streams(server):
     def one(seed: int) -> None:
         chunks = streamed(server.grpc_url, tts_inputs(voice(1.5, seed), max_tokens=(60 + seed, "INT32")))
         with lock:
-            results.append(sum(chunk.size for chunk in chunks) // SAMPLES_PER_TOKEN)
+            results.append(official_client_audio(chunks).size // SAMPLES_PER_TOKEN)
 
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(one, range(4)))
@@ -185,6 +224,12 @@ def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(server, inp
         ask(server.grpc_url, model, inputs())
     audio = offline(server.grpc_url, "spark_tts_offline", tts_inputs(voice(1.0), max_tokens=(5, "INT32")))
     assert audio.size == 5 * SAMPLES_PER_TOKEN
+
+
+def test_an_unknown_stream_format_is_refused_by_name(server):
+    inputs = tts_inputs(voice(1.0), max_tokens=(5, "INT32"), stream_format=(b"wav", "BYTES"))
+    with pytest.raises(InferenceServerException, match="stream_format 'wav' is neither overlapped nor finished"):
+        streamed(server.grpc_url, inputs)
 
 
 def test_a_prompt_longer_than_max_input_len_is_refused_before_the_llm(server):
@@ -219,3 +264,45 @@ def test_an_llm_answer_without_semantic_tokens_is_an_error_not_a_crash(mute_serv
     with pytest.raises(InferenceServerException, match="the LLM produced no semantic tokens"):
         ask(mute_server.grpc_url, model, tts_inputs(voice(1.0)))
     assert mute_server.poll() is None
+
+
+def test_segment_seeds_are_the_request_seed_then_distinct_64_bit_values():
+    for seed in (0, 11, 2**64 - 1):
+        seeds = [segment_seed(seed, segment) for segment in range(1000)]
+        assert seeds[0] == seed and len(set(seeds)) == 1000
+        assert all(0 <= value < 2**64 for value in seeds)
+
+
+@pytest.fixture(scope="module")
+def noise_restarting_server(trtdeploy_checkpoint, tmp_path_factory, trtdeploy_serve):
+    """The streaming deployment as it is on a TensorRT-LLM engine, whose noise restarts with every request: the
+    entry is told so, and the torch engine behind it shows the seeds the BLS sends in the tokens it draws."""
+    request = BuildRequest(
+        model="spark_tts",
+        model_dir=trtdeploy_checkpoint("spark_tts"),
+        gpu="cpu",
+        mode="streaming",
+        max_batch_size=2,
+        max_input_len=1024,
+        max_output_len=400,
+        options=STREAM_OPTIONS,
+        output_root=tmp_path_factory.mktemp("noise-restarting"),
+    )
+    deployment = run(request).deployment
+    entry = deployment.model_repo / "spark_tts" / "config.pbtxt"
+    keyed = 'key: "llm_noise_keyed_by_position" value: { string_value: "true" }'
+    assert keyed in entry.read_text()
+    entry.write_text(entry.read_text().replace(keyed, keyed.replace("true", "false")))
+    return trtdeploy_serve(deployment)
+
+
+def test_each_streamed_segment_gets_its_own_seed_where_the_engine_restarts_the_noise(server, noise_restarting_server):
+    def chunks(url: str) -> list[np.ndarray]:
+        return streamed(url, tts_inputs(voice(3.0, seed=1), **SEEDED, stream_format=(b"finished", "BYTES")))
+
+    one_seed, own_seeds = chunks(server.grpc_url), chunks(noise_restarting_server.grpc_url)
+    # the first segment is asked with the request's seed: the same tokens, the same first chunk
+    assert np.array_equal(one_seed[0], own_seeds[0])
+    # later segments with seeds of their own draw other tokens
+    assert not np.array_equal(one_seed[1], own_seeds[1])
+    assert sum(chunk.size for chunk in own_seeds) == 300 * SAMPLES_PER_TOKEN

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from trtdeploy_spark_tts.prompt import SAMPLES_PER_TOKEN
-from trtdeploy_spark_tts.streaming import AudioStream, ChunkSchedule, crossfade
+from trtdeploy_spark_tts.streaming import AudioStream, ChunkSchedule, OverlappedChunks, crossfade
+
+from trtdeploy.perf.tts import join_overlapped
 
 RADIUS = 3  # tokens on each side that change a token's audio in the vocoder below
 
@@ -83,7 +85,13 @@ def test_crossfade_moves_from_old_to_new() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"first_tokens": 0}, {"first_tokens": 50, "max_tokens": 10}, {"growth": 0.5}, {"overlap_tokens": 50}],
+    [
+        {"first_tokens": 0},
+        {"first_tokens": 50, "max_tokens": 10},
+        {"growth": 0.5},
+        {"overlap_tokens": 50},
+        {"first_tokens": 9, "overlap_tokens": 5},
+    ],
 )
 def test_schedule_rejects_impossible_settings(kwargs: dict) -> None:
     with pytest.raises(ValueError):
@@ -102,3 +110,23 @@ def test_tokens_until_next_chunk_asks_for_exactly_one_chunk_at_a_time() -> None:
     assert asked == [25, 100, 400, 400, 400]
     audio_stream.push([1, 2, 3])
     assert audio_stream.tokens_until_next_chunk() == 397
+
+
+@pytest.mark.parametrize(
+    ("tokens", "step"),
+    [(700, 1), (700, 64), (25 + 100 + 400, 25), (30, 7), (3, 1)],  # 525: the answer ends on a chunk boundary
+)
+def test_overlapped_chunks_rebuild_by_the_official_rule_into_the_finished_audio(tokens: int, step: int) -> None:
+    codes = np.random.default_rng(tokens).integers(0, 8192, tokens)
+    schedule = ChunkSchedule(first_tokens=25, growth=4.0, max_tokens=400, overlap_tokens=5, context_tokens=RADIUS)
+    finished, _ = stream(codes, schedule, step)
+    overlap = schedule.overlap_tokens * SAMPLES_PER_TOKEN
+    wire = OverlappedChunks(overlap)
+    sent = [wire.wire(chunk) for chunk in finished]
+    for previous, chunk in zip(sent, sent[1:], strict=False):
+        assert np.array_equal(chunk[:overlap], previous[-overlap:])
+        assert chunk.size >= 2 * overlap  # the official rule needs a whole overlap at each end
+    rebuilt = join_overlapped(sent, overlap)
+    assert rebuilt.size == tokens * SAMPLES_PER_TOKEN
+    joined = np.concatenate(finished)
+    assert np.abs(rebuilt - joined).max() <= 1e-6 * np.abs(joined).max()  # the fades' float rounding

@@ -16,6 +16,7 @@ import trtdeploy
 from trtdeploy import BuildContext, Deployment, Mode, ModelSpec, UsageError
 
 from .prompt import GLOBAL_TOKENS, SAMPLE_RATE, TOKENS_PER_SECOND
+from .streaming import STREAM_FORMATS
 
 if TYPE_CHECKING:
     from trtdeploy.perf.tts import TTSWorkload
@@ -53,8 +54,11 @@ class SparkOptions:
     chunk_seconds: float = 0.5
     chunk_growth: float = 4.0
     max_chunk_seconds: float = 30.0
-    #: Streaming: audio cross-faded between consecutive chunks.
+    #: Streaming: audio cross-faded between consecutive chunks (the official client's --chunk-overlap-duration).
     chunk_overlap_seconds: float = 0.1
+    #: Streaming: "overlapped" (the official wire format: chunks overlap by chunk_overlap_seconds, which the client
+    #: cross-fades) or "finished" (chunks that play one after another); requests may choose with ``stream_format``.
+    stream_format: str = "overlapped"
     #: Streaming: tokens before a chunk re-read by the vocoder; -1: the vocoder's receptive radius.
     vocoder_context_tokens: int = -1
     #: Instances of the BLS entry (each serves one request at a time); 0: --max-batch-size.
@@ -73,7 +77,8 @@ class SparkOptions:
             "chunk_seconds": self.chunk_seconds * TOKENS_PER_SECOND >= 1,
             "chunk_growth": self.chunk_growth >= 1,
             "max_chunk_seconds": self.max_chunk_seconds >= self.chunk_seconds,
-            "chunk_overlap_seconds": 0 <= self.chunk_overlap_seconds < self.chunk_seconds,
+            "chunk_overlap_seconds": 0 <= 2 * self.chunk_overlap_seconds <= self.chunk_seconds,
+            "stream_format": self.stream_format in STREAM_FORMATS,
             "vocoder_context_tokens": self.vocoder_context_tokens >= -1,
             "bls_instances": self.bls_instances >= 0,
             "tokenizer_instances": self.tokenizer_instances >= 1,
@@ -82,6 +87,18 @@ class SparkOptions:
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise ValueError(f"-o {bad[0]}={getattr(self, bad[0])} is out of range (see the plugin's README)")
+        overlap_tokens = self.chunk_overlap_seconds * TOKENS_PER_SECOND
+        if abs(overlap_tokens - round(overlap_tokens)) > 1e-6:
+            # the overlap the server holds back (in tokens) and the one official clients cut (in samples) must match
+            raise ValueError(
+                f"-o chunk_overlap_seconds={self.chunk_overlap_seconds:g} is not a whole number of semantic tokens "
+                f"(1/{TOKENS_PER_SECOND} s each): use e.g. {round(overlap_tokens) / TOKENS_PER_SECOND:g}"
+            )
+        if self.stream_format == "overlapped" and not self.chunk_overlap_seconds:
+            raise ValueError(
+                "-o stream_format=overlapped needs chunk_overlap_seconds > 0 (official clients cross-fade that much "
+                "of each chunk): set -o chunk_overlap_seconds=0.1, or -o stream_format=finished"
+            )
 
 
 class SparkTTS(ModelSpec):
@@ -165,11 +182,30 @@ class SparkTTS(ModelSpec):
             "default max_input_len 1024 (about 19 s of reference, less its text)",
             f"{options['bls_instances']} spark_tts instances, one request each (official: 4 sharing threads)",
         ]
+        eos_note = _end_token_note(ctx.llm_dir)
+        if eos_note:
+            lines.append(eos_note)
         if point.mode == "streaming":
+            lines.append(
+                f"streamed audio goes out {options['stream_format']} by default"
+                + (
+                    f" (the official wire format: each chunk repeats the last {options['chunk_overlap_seconds']:g} s "
+                    "of the chunk before, which official clients cross-fade; pass the same --chunk-overlap-duration)"
+                    if options["stream_format"] == "overlapped"
+                    else " (chunks that play one after another; the official client needs stream_format overlapped)"
+                )
+                + "; requests may choose with the stream_format input"
+            )
             lines.append(
                 "streaming asks the LLM for one chunk's tokens per non-decoupled call (the prompt plus what was said "
                 "so far) instead of reading a decoupled LLM stream: BLS stubs reading decoupled streams crash under "
-                "concurrency (triton-inference-server/server#8882); the same seed gives the same tokens either way"
+                "concurrency (triton-inference-server/server#8882); "
+                + (
+                    "the same seed gives the same tokens either way"
+                    if ctx.llm_noise_keyed_by_position
+                    else "each segment gets its own seed, derived from the request's (one seed for all would replay "
+                    "the same sampling noise in every segment)"
+                )
             )
         if point.engine == "trtllm":
             lines.append(
@@ -182,12 +218,28 @@ class SparkTTS(ModelSpec):
     def workload(self, deployment: Deployment) -> TTSWorkload:
         from trtdeploy.perf.tts import TTSWorkload
 
+        options = dict(deployment.point.options)
+        # a deployment built before stream_format existed sends finished chunks
+        overlapped = deployment.decoupled and options.get("stream_format") == "overlapped"
         return TTSWorkload(
             model_name=deployment.entry_model,
             decoupled=deployment.decoupled,
             sample_rate=SAMPLE_RATE,
             tokens_per_second=TOKENS_PER_SECOND,
+            chunk_overlap_samples=round(options["chunk_overlap_seconds"] * SAMPLE_RATE) if overlapped else 0,
         )
+
+
+def _end_token_note(llm_dir: Path) -> str | None:
+    """The plan's note when the checkpoint's two end-of-sequence settings disagree (None before the download)."""
+    if not (llm_dir / "tokenizer.json").is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    from .prompt import end_token
+
+    vocab = Tokenizer.from_file(str(llm_dir / "tokenizer.json")).get_vocab(with_added_tokens=True)
+    return end_token(llm_dir, vocab)[1]
 
 
 @trtdeploy.hookimpl

@@ -1,7 +1,7 @@
-"""Streaming audio from semantic tokens as they arrive: the chunk schedule, left context and the cross-fade.
+"""Streaming audio from semantic tokens as they arrive: the chunk schedule, left context, the cross-fade, and the
+two wire formats.
 
-The official deployment vocodes each chunk on its own and leaves the cross-fade to the client. Here the server
-does it, so a client plays the chunks as they come and their concatenation is the whole utterance:
+The audio is finished on the server (:class:`AudioStream`):
 
 * chunk sizes grow from ``first_tokens`` by ``growth`` up to ``max_tokens`` (a quick first chunk, then few
   vocoder calls), counted in semantic tokens, not in LLM responses;
@@ -11,17 +11,27 @@ does it, so a client plays the chunks as they come and their concatenation is th
 * the last ``overlap_tokens`` of a chunk are held back and cross-faded (linearly) with the next call's version of
   the same tokens, which saw more of the future: no click at the seam.
 
-Sent samples always equal ``320 x`` the tokens received, as offline.
+Finished audio always has ``320 x`` the tokens received, as offline. It goes on the wire in one of two formats:
+
+* ``overlapped`` (the official one, the default): every chunk after the first starts with a repeat of the last
+  ``overlap`` samples of the chunk before. The official client drops the last ``overlap`` samples of each chunk,
+  cross-fades them with the next chunk's first ``overlap`` samples and keeps the last chunk's tail; since both copies
+  are the same samples, what it rebuilds is the finished audio (:class:`OverlappedChunks`);
+* ``finished``: the chunks as they are, ready to play one after another; their concatenation is the audio.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
 from .prompt import SAMPLES_PER_TOKEN
+
+StreamFormat = Literal["overlapped", "finished"]
+STREAM_FORMATS: tuple[StreamFormat, ...] = ("overlapped", "finished")
 
 #: Turns semantic codes into audio: ``len(codes) * 320`` float32 samples.
 Vocode = Callable[[np.ndarray], np.ndarray]
@@ -42,8 +52,9 @@ class ChunkSchedule:
             raise ValueError(f"chunk sizes must satisfy 1 <= first ({self.first_tokens}) <= max ({self.max_tokens})")
         if self.growth < 1:
             raise ValueError(f"chunk growth must be >= 1, got {self.growth}")
-        if not 0 <= self.overlap_tokens < self.first_tokens:
-            raise ValueError(f"overlap must be >= 0 and below the first chunk ({self.first_tokens}) tokens")
+        if not 0 <= 2 * self.overlap_tokens <= self.first_tokens:
+            # the overlapped wire format needs a first chunk that still holds an overlap once its own is held back
+            raise ValueError(f"overlap must be >= 0 and at most half the first chunk ({self.first_tokens} tokens)")
         if self.context_tokens < 0:
             raise ValueError(f"context must be >= 0 tokens, got {self.context_tokens}")
 
@@ -102,3 +113,26 @@ def crossfade(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     """Fade linearly from ``old`` to ``new`` (same length) over their whole length."""
     ramp = (np.arange(old.size, dtype=np.float32) + 0.5) / max(old.size, 1)
     return old * (1.0 - ramp) + new * ramp
+
+
+class OverlappedChunks:
+    """Finished chunks in, the official wire format out: each chunk after the first is sent with the last
+    ``overlap`` samples sent before it in front (:meth:`wire`).
+
+    The official client rebuilds the audio exactly when every finished chunk holds at least ``overlap`` samples,
+    which :class:`AudioStream` guarantees when its overlap is at least as long (its first chunk is at least twice
+    the overlap, later ones are longer, and the last one carries the held-back overlap).
+    """
+
+    def __init__(self, overlap_samples: int) -> None:
+        self.overlap = overlap_samples
+        self.tail = np.zeros(0, dtype=np.float32)
+        self.started = False
+
+    def wire(self, audio: np.ndarray) -> np.ndarray:
+        """What to send for the next finished chunk ``audio``."""
+        sent = np.concatenate([self.tail, audio]) if self.started else audio
+        self.started = True
+        if self.overlap:
+            self.tail = np.concatenate([self.tail, audio])[-self.overlap :]
+        return sent

@@ -41,6 +41,7 @@ class TorchEngine(Engine):
     description = "trtdeploy's own PyTorch continuous-batching model (Qwen2/Qwen3/Llama), CPU or one GPU"
     precisions = ("fp32", "fp16", "bf16")
     templates_dir = PYTHON_TEMPLATES
+    noise_keyed_by_position = True  # a counter-based hash of (seed, position, token): see runtime/sampling.py
 
     def unavailable_reason(self) -> str | None:
         missing = [name for name in ("torch", "transformers") if importlib.util.find_spec(name) is None]

@@ -10,6 +10,11 @@ what it said so far: BLS models reading a decoupled model's token stream (``exec
 the python-backend stub under concurrent load on GPU hosts (tritonserver 2.51; upstream server#8882, #8922). Each
 segment re-reads the prompt (a prefill of a few hundred to a few thousand tokens, a few ms on a GPU); with the
 torch engine a seeded request draws the same tokens as in one call (its sampling noise depends on the position).
+On the TensorRT-LLM engines each request restarts its seed's noise, so each segment gets its own seed
+(:func:`~trtdeploy.backend_utils.segment_seed`); otherwise every segment would replay the first one's noise.
+
+Streamed audio goes out in the request's ``stream_format`` (the deployment's by default): ``overlapped``, the
+official wire format that the official clients cross-fade, or ``finished`` chunks (see ``streaming.py``).
 
 Each instance serves one request at a time (the deployment runs as many instances as requests it serves at once):
 BLS calls made from several threads of one python-backend process were seen to hang it on a GPU host. Every
@@ -24,10 +29,10 @@ from dataclasses import dataclass
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trtdeploy.backend_utils import ModelParameters, decode_text, first_sequence, optional_scalar
+from trtdeploy.backend_utils import ModelParameters, decode_text, first_sequence, optional_scalar, segment_seed
 
-from ..prompt import SAMPLE_RATE, TOKENS_PER_SECOND, PromptCodec, semantic_tokens_for
-from ..streaming import AudioStream, ChunkSchedule
+from ..prompt import SAMPLE_RATE, SAMPLES_PER_TOKEN, TOKENS_PER_SECOND, PromptCodec, semantic_tokens_for
+from ..streaming import STREAM_FORMATS, AudioStream, ChunkSchedule, OverlappedChunks, StreamFormat
 from .reference import reference_wav
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -50,11 +55,16 @@ class Synthesis:
     top_p: float
     repetition_penalty: float
     seed: int | None
+    stream_format: StreamFormat
 
 
 def _error(message: str, *, invalid: bool) -> pb_utils.InferenceResponse:
     code = pb_utils.TritonError.INVALID_ARG if invalid else pb_utils.TritonError.INTERNAL
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+
+
+def _has_input(request, name: str) -> bool:
+    return pb_utils.get_input_tensor_by_name(request, name) is not None
 
 
 def _tensor(name: str, value, dtype) -> pb_utils.Tensor:
@@ -75,6 +85,8 @@ class TritonPythonModel:
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
         self.llm_model = params.str("llm_model")
         self.llm_seed_input = params.str("llm_seed_input")  # random_seed, or seed with TRT-LLM 0.20+
+        self.seed_per_segment = not params.bool("llm_noise_keyed_by_position")
+        self.stream_format = params.str("stream_format")
         self.max_input_len = params.int("max_input_len")
         self.max_output_len = params.int("max_output_len")
         self.max_reference_samples = int(params.float("max_reference_seconds") * SAMPLE_RATE)
@@ -99,6 +111,7 @@ class TritonPythonModel:
             overlap_tokens=round(params.float("chunk_overlap_seconds") * TOKENS_PER_SECOND),
             context_tokens=context,
         )
+        self.overlap_samples = self.schedule.overlap_tokens * SAMPLES_PER_TOKEN
 
     def execute(self, requests: list) -> None:
         for request in requests:
@@ -135,6 +148,9 @@ class TritonPythonModel:
                 f"max_tokens {max_tokens} is outside 1..{self.max_output_len} (this deployment's max_output_len)"
             )
         seed = optional_scalar(request, "random_seed")
+        stream_format = decode_text(request, "stream_format") if _has_input(request, "stream_format") else None
+        if stream_format is not None and stream_format not in STREAM_FORMATS:
+            raise RequestError(f"stream_format {stream_format!r} is neither {' nor '.join(STREAM_FORMATS)}")
         job = Synthesis(
             wav=wav,
             reference_text=reference_text,
@@ -147,7 +163,13 @@ class TritonPythonModel:
                 optional_scalar(request, "repetition_penalty", self.defaults["repetition_penalty"])
             ),
             seed=None if seed is None else int(seed),
+            stream_format=stream_format or self.stream_format,
         )
+        if self.decoupled and job.stream_format == "overlapped" and not self.overlap_samples:
+            raise RequestError(
+                "stream_format 'overlapped' needs chunks that overlap, and this deployment's chunk_overlap_seconds "
+                "is 0: ask for stream_format 'finished', or rebuild with -o chunk_overlap_seconds=0.1"
+            )
         limits = {
             "temperature": job.temperature >= 0,
             "top_k": job.top_k >= 0,
@@ -217,8 +239,9 @@ class TritonPythonModel:
             f"{room:.1f} s of reference audio or a shorter text, or build with a larger --max-input-len"
         )
 
-    def _generate(self, job: Synthesis, prompt: np.ndarray, max_tokens: int) -> np.ndarray:
-        """The ids the LLM generates after ``prompt``: ``max_tokens`` of them, fewer when it ends."""
+    def _generate(self, job: Synthesis, prompt: np.ndarray, max_tokens: int, segment: int = 0) -> np.ndarray:
+        """The ids the LLM generates after ``prompt``: ``max_tokens`` of them, fewer when it ends; ``segment``
+        counts the calls of a streamed answer."""
         inputs = [
             _tensor("input_ids", prompt, np.int32),
             _tensor("input_lengths", [prompt.size], np.int32),
@@ -231,8 +254,11 @@ class TritonPythonModel:
             _tensor("runtime_top_p", [job.top_p], np.float32),
             _tensor("repetition_penalty", [job.repetition_penalty], np.float32),
         ]
-        if job.seed is not None:
-            inputs.append(_tensor(self.llm_seed_input, [job.seed], np.uint64))
+        seed = job.seed
+        if self.seed_per_segment and segment:  # the engine's default seed when none was asked for is 0
+            seed = segment_seed(job.seed or 0, segment)
+        if seed is not None:
+            inputs.append(_tensor(self.llm_seed_input, [seed], np.uint64))
         response = _call(self.llm_model, inputs, ["output_ids", "sequence_length"])
         ids = pb_utils.get_output_tensor_by_name(response, "output_ids").as_numpy()
         lengths = pb_utils.get_output_tensor_by_name(response, "sequence_length")
@@ -241,20 +267,26 @@ class TritonPythonModel:
     def _stream(self, job: Synthesis, global_codes: np.ndarray, prompt: np.ndarray, sender) -> None:
         """Ask the LLM for the tokens of the next chunk, vocode, send; until it ends or the cap is reached."""
         stream = AudioStream(self.schedule, lambda chunk: self._vocode(global_codes, chunk))
-        said, left = prompt, job.max_tokens
+        overlapped = OverlappedChunks(self.overlap_samples) if job.stream_format == "overlapped" else None
+
+        def send(audio: np.ndarray) -> None:
+            wire = overlapped.wire(audio) if overlapped else audio
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("waveform", wire.reshape(1, -1))]))
+
+        said, left, segment = prompt, job.max_tokens, 0
         while left > 0 and not sender.is_cancelled():
             wanted = min(left, stream.tokens_until_next_chunk())
-            ids = self._generate(job, said, wanted)
-            said, left = np.concatenate([said, ids]), left - ids.size
+            ids = self._generate(job, said, wanted, segment)
+            said, left, segment = np.concatenate([said, ids]), left - ids.size, segment + 1
             for audio in stream.push(self.codec.semantic_codes(ids)):
-                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio.reshape(1, -1))]))
+                send(audio)
             if ids.size < wanted:  # the LLM said its end token
                 break
         if not stream.codes:
             raise RequestError(self._no_speech(job))
         rest = stream.finish()
         if rest is not None:
-            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("waveform", rest.reshape(1, -1))]))
+            send(rest)
         sender.send(flags=FINAL)
 
     def _vocode(self, global_codes: np.ndarray, codes: np.ndarray) -> np.ndarray:

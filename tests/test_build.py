@@ -17,7 +17,9 @@ from .conftest import run_cli
 
 
 def request(checkpoint: Path, root: Path, **changes) -> build.BuildRequest:
-    base = build.BuildRequest(model="qwen_llm", gpu="cpu", model_dir=checkpoint, output_root=root, max_batch_size=4)
+    base = build.BuildRequest(
+        model="qwen_llm", engine="torch", gpu="cpu", model_dir=checkpoint, output_root=root, max_batch_size=4
+    )
     return replace(base, **changes)
 
 

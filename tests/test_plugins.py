@@ -171,7 +171,9 @@ def test_a_broken_plugin_is_named_and_the_others_still_work(tmp_path, kind):
     assert "Warning: plugin 'broken' failed to load" in result.stderr and reason in result.stderr
     assert "Traceback" not in result.stderr
     assert "qwen_llm" in result.stdout
-    planned = run_cli("build", "qwen_llm", "--gpu", "cpu", "--dry-run", "--json", env=env, cwd=tmp_path)
+    planned = run_cli(
+        "build", "qwen_llm", "--engine", "torch", "--gpu", "cpu", "--dry-run", "--json", env=env, cwd=tmp_path
+    )  # fmt: skip
     assert planned.returncode == 0, planned.stderr
 
 
@@ -185,11 +187,32 @@ def test_load_plugins_allow_list(tmp_path):
     assert "trtdeploy.engines.torch" in names
 
 
-def test_auto_engine_is_the_best_usable_one_or_says_why_there_is_none(monkeypatch):
-    from trtdeploy.plugins import get_engine
+@pytest.mark.parametrize(
+    ("missing", "picked"),
+    [((), "trtllm"), (("trtllm",), "trtllm_pytorch"), (("trtllm", "trtllm_pytorch"), "torch")],
+)
+def test_auto_engine_is_the_usable_one_of_highest_rank(monkeypatch, missing, picked):
+    """Whatever this machine has installed: each engine is made usable here or not, and auto follows the ranks."""
+    from trtdeploy.plugins import get_engine, get_engines
 
-    assert get_engine("auto").name == "torch"
-    monkeypatch.setattr(type(get_engine("torch")), "unavailable_reason", lambda self: "torch not installed")
-    unusable = r"no engine is usable here \(trtllm: .*; torch: torch not installed\)"
+    builtin = {name: engine for name, engine in get_engines().items() if name in ("trtllm", "trtllm_pytorch", "torch")}
+    assert [name for name, _ in sorted(builtin.items(), key=lambda item: -item[1].rank)] == [
+        "trtllm", "trtllm_pytorch", "torch"
+    ]  # fmt: skip
+    for name, engine in builtin.items():
+        reason = f"{name} not installed" if name in missing else None
+        monkeypatch.setattr(type(engine), "unavailable_reason", lambda self, reason=reason: reason)
+    assert get_engine("auto").name == picked
+
+
+def test_auto_engine_says_why_no_engine_is_usable(monkeypatch):
+    from trtdeploy.plugins import get_engine, get_engines
+
+    for name, engine in get_engines().items():
+        monkeypatch.setattr(type(engine), "unavailable_reason", lambda self, name=name: f"{name} not installed")
+    unusable = (
+        r"no engine is usable here \(trtllm: trtllm not installed; trtllm_pytorch: trtllm_pytorch not installed; "
+        r"torch: torch not installed\)"
+    )
     with pytest.raises(trtdeploy.UsageError, match=unusable):
         get_engine("auto")

@@ -21,14 +21,14 @@ from typing import Any
 
 from . import __version__, gpus, plugins
 from .deployment import COMPLETE, MANIFEST, SCHEMA, Deployment
-from .download import Checkpoint, download, local_checkpoint
+from .download import Checkpoint, download, fetch_config, local_checkpoint
 from .engines.base import BuildStep, Engine
 from .errors import BuildError, UsageError
 from .fsutil import scratch_beside
 from .memory import WEIGHT_BYTES, MemoryEstimate, ModelShape, estimate
 from .repo import TemplateSource, render_repository, template_models
 from .server._process import process_alive
-from .spec import MODES, BuildContext, BuildPoint, Mode, ModelSpec
+from .spec import KV_CACHE_DTYPES, MODES, BuildContext, BuildPoint, Mode, ModelSpec
 
 LLM_TEMPLATE = "tensorrt_llm"
 
@@ -60,6 +60,18 @@ class BuildRequest:
     variant: str = ""
     #: Copies of the model behind one endpoint, each on GPUs of its own.
     replicas: int = 1
+    #: ``--kv-cache-dtype``, ``--calib-dataset``, ``--calib-size`` (see BuildPoint); None: the engine's defaults.
+    kv_cache_dtype: str | None = None
+    calib_dataset: Path | None = None
+    calib_size: int | None = None
+
+
+#: The BuildPoint fields only some engines honour (an engine lists those it does in ``build_options``), and their flags.
+ENGINE_OPTION_FLAGS = {
+    "kv_cache_dtype": "--kv-cache-dtype",
+    "calib_dataset": "--calib-dataset",
+    "calib_size": "--calib-size",
+}
 
 
 @dataclass
@@ -161,6 +173,7 @@ def plan(request: BuildRequest, *, dry_run: bool = False) -> Plan:
     if request.model_dir is not None and request.revision is not None:
         raise UsageError("--revision picks what to download; it cannot go with --model-dir (a local folder)")
     options = spec.parse_options(request.options)
+    _check_engine_options(request, engine, dry_run)
     point = BuildPoint(
         model=spec.name,
         engine=engine.name,
@@ -177,14 +190,20 @@ def plan(request: BuildRequest, *, dry_run: bool = False) -> Plan:
         engine_version=engine.resolve_version(request.engine_version, dry_run=dry_run),
         variant=request.variant,
         replicas=request.replicas,
+        kv_cache_dtype=request.kv_cache_dtype,
+        calib_dataset=str(request.calib_dataset.expanduser().absolute()) if request.calib_dataset else None,
+        calib_size=request.calib_size,
     )
     _check_gpus(point, selection, dry_run)
     source = local_checkpoint(request.model_dir) if request.model_dir else None
     if source is not None:
         spec.validate_checkpoint(source.path)
         checkpoint_path = source.path
-    else:
+    elif dry_run:  # touches nothing: the checks on the model's shape wait for config.json (the notes say so)
         checkpoint_path = _hub_cache_path(spec.default_repo, request.revision)
+    else:  # config.json alone, now: those checks run before the weights are downloaded
+        fetched = fetch_config(spec.default_repo, revision=request.revision, subfolder=spec.llm_subfolder)
+        checkpoint_path = fetched or _hub_cache_path(spec.default_repo, request.revision)
     deployment_dir = (request.output_root / spec.name / point.name).resolve()
     context = BuildContext(
         point=point,
@@ -199,8 +218,31 @@ def plan(request: BuildRequest, *, dry_run: bool = False) -> Plan:
         gpu_profile=profile,
         gpu_count=selection.count,
     )
-    engine.validate(context)  # before a download only what is known: the checkpoint's config is checked after it
+    engine.validate(context)  # a dry run before the download checks only what it knows: config.json is not here
     return _assemble(spec, engine, context, source, request.revision)
+
+
+def _check_engine_options(request: BuildRequest, engine: Engine, dry_run: bool) -> None:
+    """Refuse the engine options this engine cannot honour, and values no engine could."""
+    given = [name for name in ENGINE_OPTION_FLAGS if getattr(request, name) is not None]
+    refused = [ENGINE_OPTION_FLAGS[name] for name in given if name not in engine.build_options]
+    if refused:
+        raise UsageError(
+            f"engine {engine.name!r} cannot honour {', '.join(refused)}",
+            hint="these tune TensorRT-LLM's quantization and KV cache: use --engine trtllm, or drop them",
+        )
+    if request.kv_cache_dtype is not None and request.kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise UsageError(
+            f"--kv-cache-dtype {request.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}",
+            hint="leave it out for the precision's default",
+        )
+    if request.calib_size is not None and request.calib_size < 1:
+        raise UsageError(f"--calib-size must be >= 1, got {request.calib_size}")
+    if request.calib_dataset is not None and not dry_run and not request.calib_dataset.expanduser().exists():
+        raise UsageError(
+            f"--calib-dataset {request.calib_dataset} does not exist",
+            hint="pass a local dataset folder (what datasets.load_dataset reads), as quantize.py's --calib_dataset",
+        )
 
 
 def _check_gpus(point: BuildPoint, selection: gpus.GpuSelection, dry_run: bool) -> None:
@@ -253,7 +295,10 @@ def _memory_notes(context: BuildContext) -> list[str]:
         return []
     found = memory_estimate(context)
     if found is None:
-        return [f"memory fit not checked: no readable {context.llm_dir / 'config.json'} yet (checked after download)"]
+        return [
+            f"memory fit not checked: no readable {context.llm_dir / 'config.json'} yet (a build fetches it first, "
+            "and checks before it downloads the weights)"
+        ]
     point = context.point
     if not found.fits:
         raise UsageError(

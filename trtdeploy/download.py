@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,9 +44,9 @@ def fingerprint(folder: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def download(repo_id: str, *, revision: str | None = None, local_dir: Path | None = None) -> Checkpoint:
-    """Download a Hub repository (or reuse the cached copy) and return it as a local checkpoint."""
-    from huggingface_hub import snapshot_download
+@contextmanager
+def _hub_errors(repo_id: str, revision: str | None) -> Iterator[None]:
+    """Turn the Hub client's failures into one-line errors naming the repository and the way out."""
     from huggingface_hub.errors import (
         GatedRepoError,
         LocalEntryNotFoundError,
@@ -53,12 +55,7 @@ def download(repo_id: str, *, revision: str | None = None, local_dir: Path | Non
     )
 
     try:
-        path = snapshot_download(
-            repo_id,
-            revision=revision,
-            local_dir=str(local_dir) if local_dir else None,
-            ignore_patterns=list(IGNORE_PATTERNS),
-        )
+        yield
     except GatedRepoError:
         raise UsageError(
             f"{repo_id} is gated on the Hugging Face Hub", hint="accept its licence and log in with `hf auth login`"
@@ -73,7 +70,38 @@ def download(repo_id: str, *, revision: str | None = None, local_dir: Path | Non
             f"cannot download {repo_id} from the Hugging Face Hub ({reason})",
             hint="download it where the Hub is reachable, copy the folder here, and build with --model-dir PATH",
         ) from None
+
+
+def download(repo_id: str, *, revision: str | None = None, local_dir: Path | None = None) -> Checkpoint:
+    """Download a Hub repository (or reuse the cached copy) and return it as a local checkpoint."""
+    from huggingface_hub import snapshot_download
+
+    with _hub_errors(repo_id, revision):
+        path = snapshot_download(
+            repo_id,
+            revision=revision,
+            local_dir=str(local_dir) if local_dir else None,
+            ignore_patterns=list(IGNORE_PATTERNS),
+        )
     return Checkpoint(Path(path).resolve(), repo_id=repo_id, revision=revision)
+
+
+def fetch_config(repo_id: str, *, revision: str | None = None, subfolder: str = "") -> Path | None:
+    """Fetch only ``<subfolder>/config.json`` of a Hub repository (or find it cached), so that a build checks the
+    model's shape before it downloads the weights; the snapshot folder it lands in (where :func:`download` puts the
+    rest), or None when the repository has no such file."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+
+    with _hub_errors(repo_id, revision):
+        try:
+            path = hf_hub_download(repo_id, "config.json", subfolder=subfolder or None, revision=revision)
+        except EntryNotFoundError as exc:
+            if isinstance(exc, LocalEntryNotFoundError):  # not cached and the Hub not reached
+                raise
+            return None
+    # the file is a link into the cache's blobs: its snapshot folder is found from the link, not its target
+    return Path(path).parents[len(Path(subfolder).parts)].resolve()
 
 
 def local_checkpoint(path: Path) -> Checkpoint:

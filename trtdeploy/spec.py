@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 
 Mode = Literal["offline", "streaming"]
 MODES: tuple[Mode, ...] = ("offline", "streaming")
+KV_CACHE_DTYPES = ("fp8", "int8")
 
 
 @dataclass(frozen=True)
@@ -44,14 +46,30 @@ class BuildPoint:
     variant: str = ""
     #: Copies of the model behind one endpoint, each on TP x PP GPUs of its own.
     replicas: int = 1
+    #: KV-cache element type (one of :data:`KV_CACHE_DTYPES`); None: the engine's default for the precision.
+    kv_cache_dtype: str | None = None
+    #: Calibration of the quantized precisions: a local dataset folder (absolute) and how many samples; None: the
+    #: engine's defaults.
+    calib_dataset: str | None = None
+    calib_size: int | None = None
 
     @property
     def name(self) -> str:
-        """The deployment folder's name, e.g. ``torch-bf16-bs8-tp1pp1-streaming``."""
-        name = f"{self.engine}-{self.precision}-bs{self.max_batch_size}-tp{self.tp}pp{self.pp}-{self.mode}"
+        """The deployment folder's name, e.g. ``torch-bf16-bs8-tp1pp1-streaming``, with a part for each setting
+        left off its default: ``-x2`` (replicas), ``-kvint8``, ``-calib256``, ``-calibdata-1a2b3c`` (a short hash of
+        the dataset's path), then the variant."""
+        parts = [f"{self.engine}-{self.precision}-bs{self.max_batch_size}-tp{self.tp}pp{self.pp}-{self.mode}"]
         if self.replicas > 1:
-            name += f"-x{self.replicas}"
-        return f"{name}-{self.variant}" if self.variant else name
+            parts.append(f"x{self.replicas}")
+        if self.kv_cache_dtype:
+            parts.append(f"kv{self.kv_cache_dtype}")
+        if self.calib_size:
+            parts.append(f"calib{self.calib_size}")
+        if self.calib_dataset:
+            parts.append(f"calibdata-{hashlib.sha256(self.calib_dataset.encode()).hexdigest()[:6]}")
+        if self.variant:
+            parts.append(self.variant)
+        return "-".join(parts)
 
     @property
     def world_size(self) -> int:

@@ -54,7 +54,12 @@ def trtdeploy_deploy(
         if key not in built:
             options.setdefault("gpu", "cpu")
             options.setdefault("max_batch_size", 4)
-            request = BuildRequest(model=model, model_dir=trtdeploy_checkpoint(model), output_root=root, **options)
+            # a folder per option set: points that differ only in what their names leave out (lengths) must not
+            # rebuild each other's folder while a server runs on it
+            output_root = root / str(len(built))
+            request = BuildRequest(
+                model=model, model_dir=trtdeploy_checkpoint(model), output_root=output_root, **options
+            )
             built[key] = run(request).deployment
         return built[key]
 

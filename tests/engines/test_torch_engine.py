@@ -14,17 +14,23 @@ from trtdeploy.errors import UsageError
 from trtdeploy.repo import TemplateSource, render_repository, validate_config
 from trtdeploy.spec import BuildContext, BuildPoint
 
+#: The optional inputs of TensorRT-LLM's tensorrt_llm model (tensorrtllm_backend v0.19.0) that the python models take;
+#: the ensemble refuses LoRA, prompt-table and guided-decoding inputs before they reach them.
 OPTIONAL_INPUTS = {
-    "end_id",
-    "pad_id",
-    "streaming",
-    "temperature",
-    "runtime_top_k",
-    "runtime_top_p",
-    "repetition_penalty",
-    "random_seed",
-    "exclude_input_in_output",
-}
+    "end_id", "pad_id", "streaming", "exclude_input_in_output", "temperature", "runtime_top_k", "runtime_top_p",
+    "random_seed", "repetition_penalty", "presence_penalty", "frequency_penalty", "min_length", "beam_width",
+    "len_penalty", "num_return_sequences", "return_log_probs", "return_context_logits", "return_generation_logits",
+    "return_perf_metrics", "return_num_input_tokens", "return_num_output_tokens", "stop_words_list", "bad_words_list",
+    "embedding_bias",
+}  # fmt: skip
+OUTPUTS = {
+    "output_ids": [-1, -1], "sequence_length": [-1], "cum_log_probs": [-1], "output_log_probs": [-1, -1],
+    "context_logits": [-1, -1], "generation_logits": [-1, -1, -1], "batch_index": [1], "sequence_index": [1],
+    "kv_cache_alloc_new_blocks": [1], "kv_cache_reused_blocks": [1], "kv_cache_alloc_total_blocks": [1],
+    "arrival_time_ns": [1], "first_scheduled_time_ns": [1], "first_token_time_ns": [1], "last_token_time_ns": [1],
+    "acceptance_rate": [1], "total_accepted_draft_tokens": [1], "total_draft_tokens": [1], "num_input_tokens": [1],
+    "num_output_tokens": [1],
+}  # fmt: skip
 
 
 def context(tmp_path: Path, *, mode="streaming", gpu="H100", tp=1, architecture="Qwen2ForCausalLM", **config):
@@ -98,10 +104,8 @@ def test_config_renders_the_llm_contract(tmp_path, mode, gpu):
     inputs = {tensor.name: tensor for tensor in config.input}
     assert list(inputs["input_ids"].dims) == [-1] and inputs["input_ids"].allow_ragged_batch
     assert {name for name, tensor in inputs.items() if tensor.optional} == OPTIONAL_INPUTS
-    assert {tensor.name: list(tensor.dims) for tensor in config.output} == {
-        "output_ids": [-1, -1],
-        "sequence_length": [-1],
-    }
+    assert list(inputs["stop_words_list"].dims) == [2, -1] and inputs["stop_words_list"].allow_ragged_batch
+    assert {tensor.name: list(tensor.dims) for tensor in config.output} == OUTPUTS
     params = {key: value.string_value for key, value in config.parameters.items()}
     assert params["hf_model_dir"] == str(ctx.llm_dir)
     assert params["max_seq_len"] == "384" and params["max_slots"] == "64"

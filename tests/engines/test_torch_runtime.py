@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+import numpy as np  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from trtdeploy.engines.torch.runtime import (  # noqa: E402
@@ -19,14 +20,16 @@ from trtdeploy.engines.torch.runtime import (  # noqa: E402
     GeneratorConfig,
     SamplingParams,
     SamplingPlan,
+    SequenceOutput,
     SlotSampler,
     load_generator,
-    output_arrays,
+    response_arrays,
     special_tokens,
     uniform_noise,
 )
 
-from .torch_helpers import RecordingSink, write_tiny_model  # noqa: E402
+from .contract_helpers import RecordingSink  # noqa: E402
+from .torch_helpers import write_tiny_model  # noqa: E402
 
 MAX_SEQ_LEN = 96
 MAX_INPUT_LEN = 48
@@ -73,6 +76,12 @@ def run_all(gen, requests):
 
 def greedy(prompt, new_tokens, **kwargs):
     return GenerationRequest([prompt], new_tokens, end_id=NEVER_STOP, **kwargs)
+
+
+def hf_logits(model, ids):
+    """transformers' float32 logits at every position of ``ids``."""
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0]
 
 
 # --- (a) exactness against transformers ------------------------------------------------------------------------
@@ -198,6 +207,24 @@ def test_sampler_respects_top_k_and_top_p():
     assert seen[3] <= set(order[3, : int((top4.cumsum(0) - top4 < 0.3).sum())].tolist())
 
 
+class ReplayingCapture:
+    """What the model's CUDA graph capture promises the sampler: each capture computes once into an output that
+    ``replay()`` recomputes in place (from the buffers as they are then)."""
+
+    def __init__(self):
+        self.captured = 0
+
+    def __call__(self, forward):
+        output = forward()
+        self.captured += 1
+
+        class Replay:
+            def replay(self):
+                output.copy_(forward())
+
+        return Replay(), output
+
+
 def test_decode_sampling_matches_per_slot_sampling_and_replays_one_capture_per_plan():
     vocab = 300
     logits = torch.randn(4, vocab, generator=torch.Generator().manual_seed(1))
@@ -208,18 +235,7 @@ def test_decode_sampling_matches_per_slot_sampling_and_replays_one_capture_per_p
         SamplingParams(top_k=3, seed=12),
         SamplingParams(top_k=20, repetition_penalty=1.3, seed=13),
     ]
-    captures = []
-
-    def capture(forward):  # what the model's CUDA graph capture promises: replay() recomputes into one output
-        output = forward()
-        captures.append(forward)
-
-        class Replay:
-            def replay(self):
-                output.copy_(forward())
-
-        return Replay(), output
-
+    capture = ReplayingCapture()
     cpu = torch.device("cpu")
     reference, decoding = SlotSampler(4, vocab, cpu), SlotSampler(4, vocab, cpu, capture)
     for sampler in (reference, decoding):
@@ -228,12 +244,12 @@ def test_decode_sampling_matches_per_slot_sampling_and_replays_one_capture_per_p
         expected = reference.sample(logits, [0, 1, 2, 3], counters)
         assert decoding.sample_decode(logits, counters).tolist() == expected.tolist()
         counters += 1  # in place, like the model's positions buffer the graph reads
-    assert len(captures) == 1
-    assert torch.equal(reference.seen, decoding.seen)  # the penalty's record of seen tokens is kept alike
+    assert capture.captured == 1
+    assert torch.equal(reference.counts, decoding.counts)  # the penalties' counts of seen tokens are kept alike
     assert SamplingPlan.of(params, vocab) == SamplingPlan(penalised=True, draws=True, width=64, nucleus=True)
     decoding.release(3)
     decoding.sample_decode(logits, counters)
-    assert len(captures) == 2  # a new plan (no penalty any more) is a new capture
+    assert capture.captured == 2  # a new plan (no penalty any more) is a new capture
 
 
 def test_uniform_noise_is_a_pure_function_and_well_spread():
@@ -289,8 +305,8 @@ def test_streaming_sends_new_tokens_then_a_final(generator, hf_model):
     assert all(sink.streamed) and sink.outputs is None and sink.finals == 1
 
 
-def test_a_sender_that_falls_behind_merges_each_streams_tokens():
-    """Events queued while responses went out: one send per stream, its tokens in order, finals after them."""
+def test_a_sender_that_falls_behind_merges_each_sequences_tokens():
+    """Events queued while responses went out: one send per sequence, its tokens in order, finals after them."""
     from trtdeploy.engines.torch.runtime.generator import coalesce_tokens
 
     class Sink:
@@ -298,31 +314,44 @@ def test_a_sender_that_falls_behind_merges_each_streams_tokens():
             self.calls = []
 
         def send_tokens(self, tokens):
-            self.calls.append(("tokens", tokens))
+            self.calls.append(("tokens", tokens.index, list(tokens), tokens.log_probs))
 
         def send_final(self, outputs):
             self.calls.append(("final", outputs))
 
+    def piece(token, index=0):
+        return SequenceOutput([token], index=index, log_probs=[-token / 10], cum_log_prob=-token)
+
     a, b = Sink(), Sink()
     events = [
-        (a.send_tokens, ([1],), False), (b.send_tokens, ([7],), True), (a.send_tokens, ([2],), True),
-        (b.send_tokens, ([8],), True), (a.send_tokens, ([3],), True), (a.send_final, (None,), False),
-        (b.send_tokens, ([9],), True),
+        (a.send_tokens, (piece(1),), False), (b.send_tokens, (piece(7),), True), (a.send_tokens, (piece(2),), True),
+        (b.send_tokens, (piece(8),), True), (a.send_tokens, (piece(5, index=1),), True),
+        (a.send_tokens, (piece(3),), True), (a.send_final, (None,), False), (b.send_tokens, (piece(9),), True),
     ]  # fmt: skip
-    for send, args, _ in coalesce_tokens(events):
+    merged = coalesce_tokens(events)
+    for send, args, _ in merged:
         send(*args)
-    assert a.calls == [("tokens", [1]), ("tokens", [2, 3]), ("final", None)]  # a's first token went out alone
-    assert b.calls == [("tokens", [7, 8, 9])]
-    assert events[1][1] == ([7],)  # the queued events themselves are left as they were
+    assert a.calls == [
+        ("tokens", 0, [1], [-0.1]),  # a's first token went out alone
+        ("tokens", 0, [2, 3], [-0.2, -0.3]),
+        ("tokens", 1, [5], [-0.5]),  # another sequence of the same request is another stream
+        ("final", None),
+    ]
+    assert b.calls == [("tokens", 0, [7, 8, 9], [-0.7, -0.8, -0.9])]
+    assert merged[1][1][0].cum_log_prob == -9  # the running sum of the latest piece
+    assert events[1][1][0] == [7]  # the queued events themselves are left as they were
 
 
 def test_a_request_with_several_prompts_and_the_input_included(generator, hf_model):
     prompts = prompts_of([4, 9], seed=10)
-    sink = run_all(generator, [GenerationRequest(prompts, 5, end_id=NEVER_STOP, exclude_input=False)])[0]
+    request = GenerationRequest(prompts, 5, end_id=NEVER_STOP, exclude_input=False)
+    sink = run_all(generator, [request])[0]
     assert sink.outputs == [prompt + hf_greedy(hf_model, prompt, 5) for prompt in prompts]
-    ids, lengths = output_arrays(sink.outputs, pad_id=7)
-    assert ids.shape == (2, 1, 14) and lengths.tolist() == [[9], [14]]
-    assert ids[0, 0, 9:].tolist() == [7] * 5
+    assert [(output.row, output.index, output.prompt_tokens) for output in sink.outputs] == [(0, 0, 4), (1, 0, 9)]
+    second = response_arrays(request, sink.outputs[1])  # each sequence in its own response, tagged with its row
+    assert second["output_ids"].tolist() == [[sink.outputs[1]]] and second["sequence_length"].tolist() == [[14]]
+    assert second["batch_index"].tolist() == [[1]]
+    assert set(second) == {"output_ids", "sequence_length", "batch_index"}  # nothing else was asked for
 
 
 # --- (e) continuous batching -----------------------------------------------------------------------------------
@@ -370,7 +399,11 @@ def test_submit_from_many_threads(generator):
         (GenerationRequest([[]], 4), "prompt is empty"),
         (GenerationRequest([[5, 512]], 4), "outside the vocabulary"),
         (GenerationRequest([[5]], 0), "request_output_len must be at least 1"),
-        (GenerationRequest([[5], [6]], 4, streaming=True), "one sequence per request"),
+        (GenerationRequest([[5]], 4, beam_width=2), "beam_width 2: the torch engine decodes one beam (beam_width 1)"),
+        (GenerationRequest([[5]], 4, length_penalty=0.5), "length_penalty (len_penalty) 0.5: it scores beam search"),
+        (GenerationRequest([[5]], 4, return_perf_metrics=True), "return_perf_metrics true: the torch engine keeps no"),
+        (GenerationRequest([[5]], 4, stop_words=((3, 512),)), "stop_words hold a token id outside the vocabulary"),
+        (GenerationRequest([[5]], 4, embedding_bias=np.zeros(513, np.float32)), "embedding_bias has shape [513]"),
     ],
 )
 def test_bad_requests_get_an_error_while_others_complete(generator, request_, message):
@@ -417,3 +450,201 @@ def test_close_fails_requests_in_flight(qwen2_dir):
     gen.close()
     assert all(sink.done.is_set() for sink in sinks)
     assert any(sink.error == "the model is shutting down" for sink in sinks)
+
+
+# --- (g) the rest of TRT-LLM's inputs: words, lengths, penalties, sequences, log probs and logits -----------------
+
+CPU = torch.device("cpu")
+
+
+def test_presence_and_frequency_penalties_count_the_prompt_and_follow_the_temperature():
+    """TRT-LLM's penalty kernel: logits scaled by the temperature first, then every token seen (prompt included)
+    loses the presence penalty once and the frequency penalty once per occurrence."""
+    logits = torch.arange(8, dtype=torch.float32).expand(4, -1)  # token 7 is the best, then 6, 5 ...
+    sampler = SlotSampler(4, 8, CPU)
+    params = [
+        SamplingParams(top_k=1, presence_penalty=10),  # 7 - 10 < 6
+        SamplingParams(top_k=1, frequency_penalty=0.6),  # 7 twice, 6 once: 5.8 > 5.4 > 5
+        SamplingParams(top_k=1, frequency_penalty=1.1),  # 4.8 < 4.9 < 5
+        SamplingParams(top_k=1, temperature=0.5, presence_penalty=1.5),  # 14 - 1.5 > 12 (not (7 - 1.5) / 0.5 < 12)
+    ]
+    sampler.assign([0, 1, 2, 3], params, [[7], [7, 7, 6], [7, 7, 6], [7]])
+    counters = torch.zeros(4, dtype=torch.long)
+    assert sampler.sample(logits, [0, 1, 2, 3], counters).tolist() == [6, 7, 5, 7]
+    assert sampler.sample(logits, [0, 1, 2, 3], counters).tolist()[1] == 6  # 7 seen a third time: 5.2 < 5.4
+
+
+def test_an_embedding_bias_and_banned_tokens_change_the_choice_until_released():
+    logits = torch.arange(8, dtype=torch.float32).expand(2, -1)
+    sampler = SlotSampler(2, 8, CPU)
+    sampler.assign([0, 1], [SamplingParams(top_k=1)] * 2, [[1], [1]], biases=[np.array([0, 0, 10], np.float32), None])
+
+    def choose():
+        return sampler.sample(logits, [0, 1], torch.zeros(2, dtype=torch.long)).tolist()
+
+    assert choose() == [2, 7]
+    sampler.set_bans(1, frozenset({7, 6}))
+    assert choose() == [2, 5]
+    sampler.set_bans(1, frozenset({6}))
+    assert choose() == [2, 7]
+    sampler.release(0)
+    sampler.release(1)
+    assert choose() == [7, 7]
+
+
+@pytest.mark.parametrize("decode", [False, True], ids=["per-slot", "decode-step"])
+def test_a_slot_reused_without_a_bias_forgets_the_bias_of_its_last_request(decode):
+    """A step is biased when one of its slots is, and then adds every slot's bias row: a request that brings no
+    bias must find its slot's row zero, whichever request had the slot before."""
+    logits = torch.arange(8, dtype=torch.float32).expand(2, -1).contiguous()  # token 7 is the best
+    counters = torch.zeros(2, dtype=torch.long)
+    sampler = SlotSampler(2, 8, CPU, ReplayingCapture() if decode else None)
+
+    def choose():
+        return (
+            sampler.sample_decode(logits, counters) if decode else sampler.sample(logits, [0, 1], counters)
+        ).tolist()
+
+    greedy_params = [SamplingParams(top_k=1)] * 2
+    sampler.assign([0, 1], greedy_params, [[1], [1]], biases=[np.array([0, 0, 100], np.float32), None])
+    assert choose() == [2, 7]
+    sampler.release(0)
+    sampler.release(1)
+    sampler.assign([0, 1], greedy_params, [[1], [1]], biases=[None, np.array([0, 0, 0, 100], np.float32)])
+    assert choose() == [7, 3]  # slot 0's new request has no bias; slot 1's does, so the step adds both rows
+    # slot 1 given a request without a bias and no release in between, while slot 0 brings one
+    sampler.assign([0, 1], greedy_params, [[1], [1]], biases=[np.array([0, 0, 0, 0, 100], np.float32), None])
+    assert choose() == [4, 7]
+
+
+def test_log_probs_are_taken_in_the_distribution_each_token_was_drawn_from():
+    vocab = 64
+    logits = torch.randn(4, vocab, generator=torch.Generator().manual_seed(3))
+    params = [
+        SamplingParams(top_k=4, seed=1),
+        SamplingParams(temperature=0.7, top_p=1.0, seed=2),  # the whole vocabulary
+        SamplingParams(top_k=1),  # greedy: probability 1
+        SamplingParams(top_p=0.5, seed=4),
+    ]
+    sampler = SlotSampler(4, vocab, CPU)
+    sampler.assign([0, 1, 2, 3], params, [[1]] * 4, log_probs=[True] * 4)
+    chosen = sampler.sample(logits, [0, 1, 2, 3], torch.full((4,), 9)).tolist()
+    found = sampler.log_probs_of([0, 1, 2, 3])
+
+    def among(row, kept, scale=1.0):
+        values = torch.full((vocab,), float("-inf"))
+        values[kept] = logits[row, kept] / scale
+        return torch.log_softmax(values, -1)[chosen[row]].item()
+
+    order = logits.argsort(-1, descending=True)
+    probs = torch.softmax(logits[3, order[3]], -1)
+    nucleus = order[3][(probs.cumsum(0) - probs) < 0.5]
+    expected = [among(0, order[0, :4]), among(1, torch.arange(vocab), 0.7), 0.0, among(3, nucleus)]
+    assert found == pytest.approx(expected, abs=1e-5)
+    assert all(value < 0 for value in found[:2]) and found[2] == 0.0
+
+
+@pytest.fixture(scope="module")
+def reference(hf_model):
+    """A prompt whose greedy continuation holds 20 distinct tokens, none of the prompt's."""
+    prompt = prompts_of([8], seed=22)[0]
+    tokens = hf_greedy(hf_model, prompt, 20)
+    assert len(set(tokens)) == 20 and not set(tokens) & set(prompt)
+    return prompt, tokens
+
+
+def test_a_stop_word_ends_the_sequence_on_its_last_token_which_stays(generator, reference):
+    prompt, tokens = reference
+    two = tuple(tokens[5:7])
+    across = (prompt[-1], tokens[0])  # matched on the prompt followed by the output, as TRT-LLM does
+    cases = [((two,), tokens[:7]), (((tokens[3],), two), tokens[:4]), ((across,), tokens[:1]), (((1, 2),), tokens)]
+    sinks = run_all(generator, [greedy(prompt, 20, stop_words=words) for words, _ in cases])
+    assert [sink.tokens for sink in sinks] == [expected for _, expected in cases]
+    streamed = run_all(generator, [greedy(prompt, 20, stop_words=(two,), streaming=True)])[0]
+    assert streamed.tokens == tokens[:7]
+
+
+def test_bad_words_are_never_generated(generator, reference):
+    prompt, tokens = reference
+    single = run_all(generator, [greedy(prompt, 20, bad_words=((tokens[1],),))])[0].tokens
+    assert single[0] == tokens[0] and tokens[1] not in single and single != tokens
+    pair = tuple(tokens[3:5])
+    banned = run_all(generator, [greedy(prompt, 20, bad_words=(pair,))])[0].tokens
+    assert banned[:4] == tokens[:4] and banned[4] != tokens[4]  # the word's last token, after the rest of it
+    assert all(tuple(banned[i : i + 2]) != pair for i in range(len(banned) - 1))
+    first = (prompt[-1], tokens[0])  # a word that starts in the prompt
+    assert run_all(generator, [greedy(prompt, 20, bad_words=(first,))])[0].tokens[0] != tokens[0]
+
+
+def test_min_tokens_holds_the_end_tokens_back(generator, reference):
+    prompt, tokens = reference
+    end = tokens[2]
+    plain, held = run_all(
+        generator,
+        [GenerationRequest([prompt], 20, end_id=end), GenerationRequest([prompt], 20, end_id=end, min_tokens=6)],
+    )
+    assert plain.tokens == tokens[:2]
+    assert held.tokens[:2] == tokens[:2] and len(held.tokens) >= 6 and end not in held.tokens
+
+
+def test_penalties_run_in_the_decode_loop(generator, hf_model):
+    prompt = prompts_of([8], seed=26)[0]
+    plain = hf_greedy(hf_model, prompt, 20)
+    assert len(set(plain)) < 20 and set(plain) & set(prompt)  # repeats itself and the prompt
+    penalised = SamplingParams(top_k=1, frequency_penalty=100.0)
+    tokens = run_all(generator, [greedy(prompt, 20, sampling=penalised)])[0].tokens
+    assert len(set(tokens)) == 20 and not set(tokens) & set(prompt)
+    present = run_all(generator, [greedy(prompt, 20, sampling=SamplingParams(top_k=1, presence_penalty=100.0))])[0]
+    assert present.tokens == tokens  # seen once or many times: the same huge cut
+
+
+def test_return_sequences_are_seeded_apart_and_greedy_ones_are_copies(generator, reference):
+    prompt, tokens = reference
+    sampled = SamplingParams(temperature=1.0, top_k=50, seed=5)
+    three = run_all(generator, [greedy(prompt, 10, sampling=sampled, num_return_sequences=3)])[0].outputs
+    assert [(output.row, output.index) for output in three] == [(0, 0), (0, 1), (0, 2)]
+    assert len({tuple(output) for output in three}) == 3
+    alone = run_all(generator, [greedy(prompt, 10, sampling=SamplingParams(1.0, 50, seed=5 + i)) for i in range(3)])
+    assert [list(output) for output in three] == [sink.tokens for sink in alone]  # sequence i is seeded seed + i
+    copies = run_all(generator, [greedy(prompt, 10, num_return_sequences=2)])[0].outputs
+    assert [list(output) for output in copies] == [tokens[:10]] * 2 and copies[1].index == 1
+
+
+def test_streaming_several_prompts_and_sequences_tags_each_piece(generator):
+    prompts = prompts_of([5, 9], seed=31)
+    sampled = SamplingParams(temperature=1.0, top_p=0.9, seed=8)
+    offline, streamed = run_all(
+        generator,
+        [
+            GenerationRequest(prompts, 6, end_id=NEVER_STOP, sampling=sampled, num_return_sequences=2, streaming=mode)
+            for mode in (False, True)
+        ],
+    )
+    pieces: dict[tuple[int, int], list[int]] = {}
+    for piece in streamed.streamed:
+        pieces.setdefault((piece.row, piece.index), []).extend(piece)
+    assert pieces == {(output.row, output.index): list(output) for output in offline.outputs}
+    assert len(pieces) == 4 and streamed.outputs is None
+
+
+def test_log_probs_and_logits_match_transformers(generator, hf_model, reference):
+    prompt, tokens = reference
+    asked = {"return_log_probs": True, "return_context_logits": True, "return_generation_logits": True}
+    sampled = SamplingParams(temperature=0.7, top_p=1.0, seed=3)
+    output = run_all(generator, [greedy(prompt, 6, sampling=sampled, **asked)])[0].outputs[0]
+    logits = hf_logits(hf_model, prompt + list(output))
+    steps = logits[len(prompt) - 1 : -1]
+    torch.testing.assert_close(torch.from_numpy(output.context_logits), logits[: len(prompt)], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(torch.from_numpy(output.generation_logits), steps, atol=1e-4, rtol=1e-4)
+    expected = torch.log_softmax(steps / 0.7, -1)[torch.arange(6), torch.tensor(output)]
+    assert output.log_probs == pytest.approx(expected.tolist(), abs=1e-4)
+    assert output.cum_log_prob == pytest.approx(sum(output.log_probs))
+    pieces = run_all(generator, [greedy(prompt, 6, sampling=sampled, streaming=True, **asked)])[0].streamed
+    assert [token for piece in pieces for token in piece] == list(output)
+    running = np.cumsum(output.log_probs)[np.cumsum([len(piece) for piece in pieces]) - 1]
+    assert [piece.cum_log_prob for piece in pieces] == pytest.approx(running.tolist())  # the sum so far
+    greedy_output = run_all(generator, [greedy(prompt, 6, **asked)])[0].outputs[0]
+    assert list(greedy_output) == tokens[:6] and greedy_output.log_probs == [0.0] * 6
+    arrays = response_arrays(greedy(prompt, 6, **asked), greedy_output)
+    assert arrays["context_logits"].shape == (1, 8, 512) and arrays["generation_logits"].shape == (1, 1, 6, 512)
+    assert arrays["output_log_probs"].shape == (1, 1, 6) and arrays["cum_log_probs"].tolist() == [[0.0]]

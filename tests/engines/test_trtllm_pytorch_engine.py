@@ -1,27 +1,23 @@
 """The trtllm_pytorch engine: its plan and rendered model, and the contract adapter over TensorRT-LLM's LLM API.
 
 TensorRT-LLM cannot be installed here: the adapter is driven by a stand-in with the LLM API's shape
-(``generate_async`` returning an async iterator of cumulative outputs, ``abort``), which checks our side only.
+(:class:`~.contract_helpers.FakeLlm`), which checks our side only.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
-import threading
-from types import SimpleNamespace
 
 import pytest
 
 from trtdeploy import build
 from trtdeploy.engines.contract import NEVER_STOP, GenerationRequest, SamplingParams
-from trtdeploy.engines.trtllm_pytorch.llmapi import LlmApiGenerator, sampling_arguments
+from trtdeploy.engines.trtllm_pytorch.llmapi import sampling_arguments
 from trtdeploy.errors import UsageError
 
+from .contract_helpers import END, PAD, FakeLlm, RecordingSink, run_on_llm_api
 from .trtllm_helpers import QWEN25_05B, plan, real_sized
-
-END, PAD = 7, 0
 
 
 def test_sampling_arguments_follow_the_contract():
@@ -37,96 +33,30 @@ def test_sampling_arguments_follow_the_contract():
     assert sampling_arguments(GenerationRequest([[1]], 4, end_id=3), frozenset({END}), PAD)["end_id"] == 3
 
 
-class FakeLlm:
-    """Answers each prompt with ``script`` (ending in the end token when ``ends``), one token per step."""
-
-    def __init__(self, script: list[int], ends: bool = True, fail: bool = False, hang: bool = False):
-        self.script, self.ends, self.fail, self.hang = script, ends, fail, hang
-        self.calls: list[tuple[list[int], dict, bool]] = []
-        self.aborted = threading.Event()
-
-    def generate_async(self, prompt, sampling_params, streaming):
-        self.calls.append((prompt, sampling_params, streaming))
-        return FakeResult(self)
-
-
-class FakeResult:
-    def __init__(self, llm: FakeLlm):
-        self.llm = llm
-
-    def abort(self):
-        self.llm.aborted.set()
-
-    async def __aiter__(self):
-        tokens = self.llm.script + ([END] if self.llm.ends else [])
-        for step in range(1, len(tokens) + 1):
-            if self.llm.fail and step == 2:
-                raise RuntimeError("CUDA out of memory")
-            while self.llm.hang and not self.llm.aborted.is_set():
-                await asyncio.sleep(0.01)
-            if self.llm.aborted.is_set():
-                return
-            yield SimpleNamespace(outputs=[SimpleNamespace(token_ids=tokens[:step])], finished=step == len(tokens))
-
-
-class Sink:
-    def __init__(self, cancel_after: float | None = None):
-        self.events: list[tuple] = []
-        self.done = threading.Event()
-        self.cancel = cancel_after
-
-    def send_tokens(self, tokens):
-        self.events.append(("tokens", tokens))
-
-    def send_final(self, outputs):
-        self.events.append(("final", outputs))
-        self.done.set()
-
-    def send_error(self, message, cancelled=False):
-        self.events.append(("error", message, cancelled))
-        self.done.set()
-
-    def is_cancelled(self):
-        return self.cancel is not None
-
-
-def run(llm: FakeLlm, request: GenerationRequest, sink: Sink | None = None) -> Sink:
-    generator = LlmApiGenerator(
-        llm, sampling_params=dict, end_ids=frozenset({END}), pad_id=PAD, max_input_len=8, cancel_check_period=0.01
-    )
-    sink = sink or Sink()
-    try:
-        generator.submit(request, sink)
-        assert sink.done.wait(10)
-    finally:
-        generator.close()
-    return sink
-
-
 def test_streaming_sends_each_new_piece_and_never_the_end_token():
-    sink = run(FakeLlm([4, 5, 6]), GenerationRequest([[1, 2]], 8, streaming=True))
-    assert sink.events == [("tokens", [4]), ("tokens", [5]), ("tokens", [6]), ("final", None)]
+    sink = run_on_llm_api(FakeLlm([4, 5, 6]), GenerationRequest([[1, 2]], 8, streaming=True))
+    assert sink.streamed == [[4], [5], [6]] and sink.outputs is None and sink.finals == 1
 
 
 def test_offline_requests_get_every_sequence_with_or_without_the_prompt():
     llm = FakeLlm([4, 5], ends=False)
-    assert run(llm, GenerationRequest([[1], [2, 3]], 2)).events == [("final", [[4, 5], [4, 5]])]
+    assert run_on_llm_api(llm, GenerationRequest([[1], [2, 3]], 2)).outputs == [[4, 5], [4, 5]]
     assert [call[2] for call in llm.calls] == [False, False] and llm.calls[0][1]["max_tokens"] == 2
-    kept = run(FakeLlm([4]), GenerationRequest([[1, 2]], 2, exclude_input=False))
-    assert kept.events == [("final", [[1, 2, 4]])]
+    kept = run_on_llm_api(FakeLlm([4]), GenerationRequest([[1, 2]], 2, exclude_input=False))
+    assert kept.outputs == [[1, 2, 4]] and kept.outputs[0].prompt_tokens == 2
 
 
 def test_errors_become_the_requests_error():
-    failing = run(FakeLlm([4, 5], fail=True), GenerationRequest([[1]], 4))
-    assert failing.events == [("error", "TensorRT-LLM: CUDA out of memory", False)]
-    too_long = run(FakeLlm([4]), GenerationRequest([list(range(9))], 4))
-    assert too_long.events == [("error", "input length 9 exceeds max_input_len 8", False)]
+    failing = run_on_llm_api(FakeLlm([4, 5], fail=True), GenerationRequest([[1]], 4))
+    assert failing.error == "TensorRT-LLM: CUDA out of memory" and not failing.cancelled_error
+    too_long = run_on_llm_api(FakeLlm([4]), GenerationRequest([list(range(9))], 4))
+    assert too_long.error == "input length 9 exceeds max_input_len 8"
 
 
 def test_a_cancelled_request_is_aborted():
     llm = FakeLlm([4, 5], hang=True)
-    sink = run(llm, GenerationRequest([[1]], 4, streaming=True), Sink(cancel_after=0))
-    assert llm.aborted.is_set() and sink.events[-1] == ("error", "the request was cancelled", True)
+    sink = run_on_llm_api(llm, GenerationRequest([[1]], 4, streaming=True), RecordingSink(cancel_after=0))
+    assert llm.aborted.is_set() and sink.error == "the request was cancelled" and sink.cancelled_error
 
 
 @pytest.fixture(scope="module")

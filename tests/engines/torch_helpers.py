@@ -1,8 +1,7 @@
-"""Helpers for the torch runtime tests: tiny random-weight checkpoints and a sink that records what it receives."""
+"""Helpers for the torch runtime tests: tiny random-weight checkpoints."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -45,46 +44,3 @@ def write_tiny_model(dest: Path, architecture: str = "qwen2", seed: int = 0, **o
                 param.normal_(0.0, 0.15)
     model.save_pretrained(dest)
     return dest
-
-
-class RecordingSink:
-    """A :class:`ResponseSink` that keeps every call, and lets a test wait for the end of the request."""
-
-    def __init__(self, cancel_after: int | None = None):
-        self.streamed: list[list[int]] = []
-        self.outputs: list[list[int]] | None = None
-        self.error: str | None = None
-        self.cancelled_error = False
-        self.finals = 0
-        self.cancel_after = cancel_after
-        self.done = threading.Event()
-
-    def send_tokens(self, tokens: list[int]) -> None:
-        assert not self.done.is_set(), "tokens after the end of the request"
-        self.streamed.append(list(tokens))
-
-    def send_final(self, outputs: list[list[int]] | None) -> None:
-        assert not self.done.is_set(), "two final responses"
-        self.outputs = outputs
-        self.finals += 1
-        self.done.set()
-
-    def send_error(self, message: str, cancelled: bool = False) -> None:
-        assert not self.done.is_set(), "an error after the end of the request"
-        self.error = message
-        self.cancelled_error = cancelled
-        self.done.set()
-
-    def is_cancelled(self) -> bool:
-        return self.cancel_after is not None and len(self.streamed) >= self.cancel_after
-
-    def wait(self, timeout: float = 60.0) -> RecordingSink:
-        assert self.done.wait(timeout), "the request did not finish"
-        return self
-
-    @property
-    def tokens(self) -> list[int]:
-        """Everything this request produced (streamed tokens, or the single sequence's output)."""
-        if self.outputs is not None:
-            return self.outputs[0]
-        return [token for chunk in self.streamed for token in chunk]

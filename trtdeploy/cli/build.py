@@ -53,6 +53,19 @@ def build(
     trtllm_version: Annotated[
         str | None, typer.Option(help="TensorRT-LLM release to plan for (default: the installed one).")
     ] = None,
+    kv_cache_dtype: Annotated[
+        str | None,
+        typer.Option(
+            help="KV-cache type: fp8 (SM89+) or int8 (default: fp8 for --precision fp8, else 16-bit); trtllm."
+        ),
+    ] = None,
+    calib_dataset: Annotated[
+        Path | None,
+        typer.Option(help="Local dataset folder to calibrate on (default: quantize.py's, from the Hub); trtllm."),
+    ] = None,
+    calib_size: Annotated[
+        int | None, typer.Option(help="Calibration samples (default: 32 for int4_awq, else 512); trtllm.")
+    ] = None,
     model_dir: Annotated[
         Path | None, typer.Option(help="Use this local checkpoint folder instead of downloading.")
     ] = None,
@@ -80,6 +93,9 @@ def build(
         max_output_len=max_output_len,
         max_num_tokens=max_num_tokens,
         engine_version=trtllm_version,
+        kv_cache_dtype=kv_cache_dtype,
+        calib_dataset=calib_dataset,
+        calib_size=calib_size,
         replicas=replicas,
         model_dir=model_dir,
         revision=revision,

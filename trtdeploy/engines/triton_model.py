@@ -2,14 +2,25 @@
 
 ``execute`` parses each request into a :class:`~trtdeploy.engines.contract.GenerationRequest` and hands it, with
 its response sender, to the engine's generator, then returns at once (decoupled or not): the generator runs a
-continuous batch and answers through the sender. Decoupled streaming sends the new token ids as they come, then an
-empty final response; otherwise one response carries everything. Importable only inside Triton's python backend.
+continuous batch and answers through the sender. Importable only inside Triton's python backend.
 
-Inputs as in TRT-LLM: ``end_id`` missing (or negative) stops at the checkpoint's end-of-sequence ids, ``end_id`` -1
-never stops early (benchmarks use it to force exact lengths), and the end token is left out of the output;
+The tensors are TRT-LLM's ``tensorrt_llm`` model's (:data:`~trtdeploy.engines.contract.INPUTS`, ``OUTPUTS``), with
+its semantics: ``end_id`` missing (or negative) stops at the checkpoint's end-of-sequence ids, ``end_id`` -1 never
+stops early (benchmarks use it to force exact lengths), and the end token is left out of the output;
 ``runtime_top_k`` 0 with ``runtime_top_p`` 0 (the defaults), ``temperature`` 0 or ``runtime_top_k`` 1 is greedy;
-``random_seed`` (``seed`` as TRT-LLM 0.20+ names it) defaults to 0; ``streaming`` defaults to on in a decoupled
-model; ``pad_id`` fills the rows of a multi-sequence request's ``output_ids`` past their ``sequence_length``.
+``random_seed`` (``seed`` as TRT-LLM 0.20+ names it) defaults to 0; ``min_length`` (``min_tokens``) holds the end
+token back; ``stop_words_list``/``bad_words_list`` take TRT-LLM's ``[2, n]`` word-list layout; ``streaming`` defaults
+to on in a decoupled model; ``exclude_input_in_output`` false puts the prompt before an offline answer's ids (never
+before streamed ones); ``pad_id`` has nothing to pad (one sequence of one beam per response).
+
+Responses, as TRT-LLM's backend sends them, hold one sequence each. A model that is not decoupled answers a request
+of one prompt and one sequence with one response, and refuses streaming, several prompts and several return
+sequences by name (the backend refuses a batch there, and would send one response per sequence, which such a model
+cannot). A decoupled one sends each sequence (or, streaming, each piece of it) in its own response, with
+``batch_index``/``sequence_index`` when the request has several rows/sequences, then an empty final response.
+``cum_log_probs``/``output_log_probs``, ``context_logits``, ``generation_logits`` and ``num_input_tokens``/
+``num_output_tokens`` come when their ``return_*`` input asks. An input an engine cannot honour
+is refused with one line naming it (:func:`~trtdeploy.engines.contract.refusal`).
 """
 
 from __future__ import annotations
@@ -22,7 +33,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from ..backend_utils import ModelParameters
-from .contract import GenerationRequest, ResponseSink, SamplingParams, output_arrays
+from .contract import GenerationRequest, ResponseSink, SequenceOutput, parse_request, response_arrays
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -30,48 +41,42 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 class ContractGenerator(Protocol):
     """What an engine's generator offers the Triton model."""
 
-    pad_id: int
-
     def submit(self, request: GenerationRequest, sink: ResponseSink) -> None: ...
 
     def close(self) -> None: ...
 
 
-def _optional(request, name: str) -> np.ndarray | None:
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    return None if tensor is None else tensor.as_numpy().reshape(-1)
-
-
-def _response(outputs: list[list[int]], pad_id: int) -> pb_utils.InferenceResponse:
-    ids, lengths = output_arrays(outputs, pad_id)
-    return pb_utils.InferenceResponse(
-        output_tensors=[pb_utils.Tensor("output_ids", ids), pb_utils.Tensor("sequence_length", lengths)]
-    )
+def _error(message: str, cancelled: bool = False) -> pb_utils.InferenceResponse:
+    code = pb_utils.TritonError.CANCELLED if cancelled else pb_utils.TritonError.INVALID_ARG
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
 
 
 class _Sink:
     """Turns a generator's calls for one request into Triton responses."""
 
-    def __init__(self, sender, pad_id: int, decoupled: bool):
+    def __init__(self, sender, request: GenerationRequest, decoupled: bool):
         self.sender = sender
-        self.pad_id = pad_id
+        self.request = request
         self.decoupled = decoupled
 
-    def send_tokens(self, tokens: list[int]) -> None:
-        self.sender.send(_response([tokens], self.pad_id))
+    def _response(self, output: SequenceOutput) -> pb_utils.InferenceResponse:
+        arrays = response_arrays(self.request, output)
+        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items()])
 
-    def send_final(self, outputs: list[list[int]] | None) -> None:
-        if outputs is None:
-            self.sender.send(flags=FINAL)
-        elif self.decoupled:
-            self.sender.send(_response(outputs, self.pad_id))
-            self.sender.send(flags=FINAL)
-        else:
-            self.sender.send(_response(outputs, self.pad_id), flags=FINAL)
+    def send_tokens(self, tokens: SequenceOutput) -> None:
+        self.sender.send(self._response(tokens))
+
+    def send_final(self, outputs: list[SequenceOutput] | None) -> None:
+        if not self.decoupled:  # parse_request let through one prompt and one sequence only
+            (output,) = outputs
+            self.sender.send(self._response(output), flags=FINAL)
+            return
+        for output in outputs or ():
+            self.sender.send(self._response(output))
+        self.sender.send(flags=FINAL)
 
     def send_error(self, message: str, cancelled: bool = False) -> None:
-        code = pb_utils.TritonError.CANCELLED if cancelled else pb_utils.TritonError.INVALID_ARG
-        self.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), flags=FINAL)
+        self.sender.send(_error(message, cancelled), flags=FINAL)
 
     def is_cancelled(self) -> bool:
         return self.sender.is_cancelled()
@@ -91,53 +96,18 @@ class ContractModel(ABC):
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
         self.exclude_input = params.bool("exclude_input_in_output", True)
         self.generator = self.load(params)
-        self.default_pad_id = self.generator.pad_id
 
     def execute(self, requests: list) -> None:
         for request in requests:
             sender = request.get_response_sender()
+            inputs: dict[str, np.ndarray] = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
             try:
-                parsed, pad_id = self._parse(request)
+                parsed = parse_request(inputs, decoupled=self.decoupled, exclude_input=self.exclude_input)
             except ValueError as exc:
-                _Sink(sender, 0, self.decoupled).send_error(str(exc))
+                sender.send(_error(str(exc)), flags=FINAL)
                 continue
-            self.generator.submit(parsed, _Sink(sender, pad_id, self.decoupled))
+            self.generator.submit(parsed, _Sink(sender, parsed, self.decoupled))
         return None
-
-    def _parse(self, request) -> tuple[GenerationRequest, int]:
-        input_ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy()
-        input_ids = input_ids.reshape(-1, input_ids.shape[-1])
-        lengths = pb_utils.get_input_tensor_by_name(request, "input_lengths").as_numpy().reshape(-1)
-        output_len = pb_utils.get_input_tensor_by_name(request, "request_output_len").as_numpy().reshape(-1)
-        if len(lengths) != len(input_ids) or np.any(lengths > input_ids.shape[1]) or np.any(lengths < 0):
-            raise ValueError(f"input_lengths {lengths.tolist()} do not fit input_ids of shape {input_ids.shape}")
-
-        def scalar(names: tuple[str, ...], kind: type, default):
-            for name in names:
-                values = _optional(request, name)
-                if values is not None and values.size:
-                    return kind(values[0])
-            return default
-
-        streaming = scalar(("streaming",), bool, self.decoupled)
-        if streaming and not self.decoupled:
-            raise ValueError("streaming=true needs a decoupled model (this deployment is offline)")
-        sampling = SamplingParams(
-            temperature=scalar(("temperature",), float, 1.0),
-            top_k=scalar(("runtime_top_k",), int, 0),
-            top_p=scalar(("runtime_top_p",), float, 0.0),
-            repetition_penalty=scalar(("repetition_penalty",), float, 1.0),
-            seed=scalar(("random_seed", "seed"), int, 0),
-        )
-        parsed = GenerationRequest(
-            input_ids=[row[:length].tolist() for row, length in zip(input_ids, lengths, strict=True)],
-            max_new_tokens=int(output_len[0]),
-            end_id=scalar(("end_id",), int, None),
-            sampling=sampling,
-            streaming=streaming,
-            exclude_input=scalar(("exclude_input_in_output",), bool, self.exclude_input),
-        )
-        return parsed, scalar(("pad_id",), int, self.default_pad_id)
 
     def finalize(self) -> None:
         self.generator.close()

@@ -136,9 +136,9 @@ class TextLLMWorkload(_LLMWorkload):
 
     Inputs: ``text_input`` BYTES, ``max_tokens`` INT32, and when the model declares them ``stream``, ``end_id``
     (-1 with ``--ignore-eos``), ``exclude_input_in_output``, ``temperature``, ``top_k``/``runtime_top_k``,
-    ``top_p``/``runtime_top_p``, ``random_seed``. Outputs: ``text_output`` BYTES and, when present, ``output_ids``
-    INT32 (the generated token ids, which give exact token counts and, decoded with ``tokenizer_dir``, the text;
-    without them the text is re-tokenized with ``tokenizer_dir``).
+    ``top_p``/``runtime_top_p``, ``random_seed``/``seed``. Outputs: ``text_output`` BYTES and, when present,
+    ``output_ids`` INT32 (the generated token ids, which give exact token counts and, decoded with
+    ``tokenizer_dir``, the text; without them the text is re-tokenized with ``tokenizer_dir``).
     """
 
     def validate(self, model: ModelInfo, options: RequestOptions) -> None:

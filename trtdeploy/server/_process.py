@@ -521,6 +521,7 @@ def launch(
     world_size: int = 1,
     llm_models: Sequence[str] = ("tensorrt_llm",),
     env: Mapping[str, str] | None = None,
+    orchestrator_gpus: Sequence[int] = (),
 ) -> RunningServer:
     """Start tritonserver on ``model_repo`` and wait until it and every model in ``models`` are ready.
 
@@ -528,7 +529,8 @@ def launch(
     next free triple (see :func:`_choose_ports`); given ports must be free. The shared-memory, model-repository,
     logging and trace APIs answer only requests carrying the server's own header (``restricted_key``), except those
     named in ``allow_api`` ("all" opens them all). ``models`` defaults to every model folder of the repository. With
-    ``world_size`` > 1 the server runs as that many MPI ranks (see :func:`server_command`). On any failure (port in
+    ``world_size`` > 1 the server runs as that many MPI ranks, with ``orchestrator_gpus`` as the one MPI rank of
+    TRT-LLM's orchestrator mode (see :func:`server_command`). On any failure (port in
     use, server exit, a model failing to load, timeout, Ctrl-C) every process started is stopped and
     :class:`~trtdeploy.errors.ServerError` is raised with the log tail in ``details`` (Ctrl-C re-raises).
     """
@@ -539,7 +541,7 @@ def launch(
     if host == "localhost":  # tritonserver may bind it on ::1 alone, where a client of 127.0.0.1 finds nothing
         host = DEFAULT_HOST
     binary = resolve_tritonserver(tritonserver)
-    mpirun = _find_mpirun(world_size)
+    mpirun = _find_mpirun(world_size, orchestrated=bool(orchestrator_gpus))
     models = repo_models(model_repo) if models is None else list(models)
     if log_file is None:
         fd, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
@@ -569,6 +571,7 @@ def launch(
             restricted_key=key,
             world_size=world_size,
             llm_models=llm_models,
+            orchestrator_gpus=orchestrator_gpus,
         )
         if mpirun is not None:
             command = [mpirun, *command]
@@ -601,14 +604,15 @@ def launch(
         return server
 
 
-def _find_mpirun(world_size: int) -> str | None:
-    """mpirun for a multi-rank server (None for one rank); ServerError when it is missing."""
-    if world_size <= 1:
+def _find_mpirun(world_size: int, *, orchestrated: bool = False) -> str | None:
+    """mpirun for a multi-rank or orchestrated server (None for one plain rank); ServerError when it is missing."""
+    if world_size <= 1 and not orchestrated:
         return None
     found = shutil.which("mpirun")
     if found is None:
+        what = f"world size {world_size}" if world_size > 1 else "several TRT-LLM instances (orchestrator mode)"
         raise ServerError(
-            f"serving a deployment of world size {world_size} needs mpirun, and none is on PATH",
+            f"serving a deployment of {what} needs mpirun, and none is on PATH",
             hint="serve inside the NGC -trtllm-python-py3 image (it has Open MPI), or install Open MPI",
         )
     return found
@@ -626,14 +630,21 @@ def server_command(
     restricted_key: tuple[str, str] | None = None,
     world_size: int = 1,
     llm_models: Sequence[str] = ("tensorrt_llm",),
+    orchestrator_gpus: Sequence[int] = (),
 ) -> list[str]:
-    """The tritonserver command line; for ``world_size`` > 1, mpirun's arguments (without ``mpirun`` itself).
+    """The tritonserver command line; for ``world_size`` > 1 or ``orchestrator_gpus``, mpirun's arguments (without
+    ``mpirun`` itself).
 
     Several ranks follow TRT-LLM's launch_triton_server.py: rank 0 serves the whole repository on the ports (and
     alone has endpoints to bind and restrict); every other rank loads only the TRT-LLM model(s) in explicit mode,
     with its endpoints off (its model never finishes initialising: it works for rank 0's engine), and each rank has
-    a python-backend shm prefix of its own.
+    a python-backend shm prefix of its own. Orchestrator mode (``--multi-model``, several instances of a TRT-LLM
+    model whose backend spawns their workers through MPI) is one rank under mpirun with no pinned memory pool, no
+    peer access and a zero CUDA memory pool on each of ``orchestrator_gpus``, as that script runs Triton newer than
+    24.06: the spawned workers, not the server, use the GPUs.
     """
+    if orchestrator_gpus and world_size > 1:
+        raise UsageError("orchestrator mode runs one tritonserver rank: its workers are spawned, not launched")
     http_port, grpc_port, metrics_port = ports
     endpoints = [
         f"--http-address={host}",
@@ -649,6 +660,16 @@ def server_command(
         rule = f"{','.join(restricted_apis)}:{restricted_key[0]}={restricted_key[1]}"
         endpoints += [f"--http-restricted-api={rule}", f"--grpc-restricted-protocol={rule}"]
 
+    orchestrator = (  # the server leaves the GPUs to the spawned workers
+        [
+            "--pinned-memory-pool-byte-size=0",
+            "--enable-peer-access=false",
+            *(f"--cuda-memory-pool-byte-size={gpu}:0" for gpu in orchestrator_gpus),
+        ]
+        if orchestrator_gpus
+        else []
+    )
+
     def rank_args(rank: int) -> list[str]:
         prefix = f"{shm_prefix}rank{rank}_" if world_size > 1 else shm_prefix
         head = [str(binary.path), f"--model-repository={model_repo}"]
@@ -660,12 +681,12 @@ def server_command(
         ]
         if rank == 0:
             checks = ["--strict-readiness=true", "--exit-on-error=true"]
-            return [*head, *endpoints, *checks, *tail, *extra_args]
+            return [*head, *endpoints, *checks, *orchestrator, *tail, *extra_args]
         loads = [f"--load-model={name}" for name in llm_models]
         quiet = ["--allow-http=false", "--allow-grpc=false", "--allow-metrics=false"]
         return [*head, "--model-control-mode=explicit", *loads, *quiet, *tail]
 
-    if world_size <= 1:
+    if world_size <= 1 and not orchestrator_gpus:
         return rank_args(0)
     command = ["--allow-run-as-root"]
     for rank in range(world_size):

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
+from .. import gpus
 from ..deployment import Deployment
 from ..errors import ServerError
 from ._process import DEFAULT_HOST, DEFAULT_PORTS, RunningServer, launch
@@ -41,7 +42,8 @@ def serve_deployment(
 
     Refused (ServerError) while the deployment is served already, or ``log_file`` is a running server's log. Ports,
     ``host`` and ``allow_api`` as for :func:`~trtdeploy.server.launch`. A TRT-LLM engine deployment built for
-    TP x PP > 1 runs as that many MPI ranks under mpirun (one GPU each). The log goes to a new
+    TP x PP > 1 runs as that many MPI ranks under mpirun (one GPU each), one with several instances of the engine as
+    the one MPI rank of the backend's orchestrator mode (:func:`orchestrator_gpus`). The log goes to a new
     ``<deployment>/logs/tritonserver-<YYYYmmdd-HHMMSS>.log`` (see :func:`new_log_file`) unless ``log_file`` is given.
     """
     with _starting(deployment.path):
@@ -77,6 +79,7 @@ def serve_deployment(
             world_size=deployment.server_ranks,
             env=deployment.server_env,
             llm_models=[deployment.llm_model_name],
+            orchestrator_gpus=orchestrator_gpus(deployment),
         )
         try:
             info = register(
@@ -86,6 +89,16 @@ def serve_deployment(
             server.stop()
             raise
     return server, info
+
+
+def orchestrator_gpus(deployment: Deployment) -> tuple[int, ...]:
+    """The GPUs whose memory pools an orchestrator-mode server leaves to the spawned workers (none when the build did
+    not ask for that mode): every GPU nvidia-smi lists, as launch_triton_server.py counts them, and at least the
+    deployment's own."""
+    if deployment.server_env.get("TRTLLM_ORCHESTRATOR") != "1":
+        return ()
+    detected = gpus.detect()
+    return tuple(range(max(detected.count if detected else 0, deployment.point.gpus_needed)))
 
 
 @contextmanager

@@ -1,8 +1,9 @@
 """trtdeploy plugin for Qwen2, Qwen2.5 and Qwen3 LLMs: text in, text out, through a TRT-LLM-style ensemble.
 
 The deployment is ``preprocessing`` (tokenizer) → ``tensorrt_llm`` (the engine, provided by the core) →
-``postprocessing`` (detokenizer), joined as ``ensemble``: the same tensors as tensorrtllm_backend's
-``inflight_batcher_llm``, so existing clients work unchanged.
+``postprocessing`` (detokenizer), joined as ``ensemble``: the tensors of tensorrtllm_backend's
+``inflight_batcher_llm`` ensemble of the release the deployment targets (:mod:`.ensemble`), so its clients work
+unchanged; an input the engine cannot honour is refused by name, never ignored.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import trtdeploy
 from trtdeploy import BuildContext, Deployment, Mode, ModelSpec, UsageError
+
+from . import ensemble
 
 if TYPE_CHECKING:
     from trtdeploy.perf.llm import TextLLMWorkload
@@ -78,7 +81,13 @@ class QwenLLM(ModelSpec):
         return "ensemble"
 
     def template_context(self, ctx: BuildContext) -> dict[str, Any]:
-        return {"tokenizer_dir": str(ctx.llm_dir), **ctx.options}
+        release = ensemble.release(ctx)
+        tensors = {
+            "release": release.label,
+            "inputs": ensemble.inputs(release),
+            "outputs": ensemble.outputs(release),
+        }
+        return {"tokenizer_dir": str(ctx.llm_dir), **ctx.options, "ensemble": tensors}
 
     def workload(self, deployment: Deployment) -> TextLLMWorkload:
         from trtdeploy.perf.llm import TextLLMWorkload

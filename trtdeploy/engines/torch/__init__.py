@@ -1,8 +1,12 @@
 """The ``torch`` engine: trtdeploy's own Triton python model around a Hugging Face causal LM, on the CPU or one GPU.
 
-It serves the TRT-LLM inflight-batcher tensor contract (see DESIGN.md, "one LLM contract") from a continuous batch run
-by :mod:`trtdeploy.engines.torch.runtime`. There is no build step: the deployment serves the checkpoint as it is.
-torch and transformers are imported only when a model is served, so the CLI starts without them.
+It serves the TRT-LLM inflight-batcher tensor contract (see DESIGN.md, "one LLM contract", and
+:mod:`trtdeploy.engines.contract`) from a continuous batch run by :mod:`trtdeploy.engines.torch.runtime`, with
+TensorRT-LLM's semantics for every input the official ensemble passes on: sampling, penalties, stop and bad words,
+minimum length, several return sequences, the prompt in the output, log probabilities and logits, embedding bias.
+It decodes one beam and keeps no perf metrics: ``beam_width`` > 1, a ``len_penalty`` and ``return_perf_metrics`` are
+refused by name. There is no build step: the deployment serves the checkpoint as it is. torch and transformers are
+imported only when a model is served, so the CLI starts without them.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from ...errors import UsageError
 from ...hookspecs import hookimpl
 from ...spec import BuildContext
 from ..base import PYTHON_TEMPLATES, Engine
+from ..contract import INPUTS, OUTPUTS
 
 #: Hugging Face architectures whose layers the runtime's own forward pass reproduces.
 SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM")
@@ -83,7 +88,7 @@ class TorchEngine(Engine):
             "cancellation_check_period_ms": 100,
         }
         gpus = [group[0] for group in point.gpu_groups] if point.replicas > 1 else []
-        return {"parameters": parameters, "gpus": gpus}
+        return {"parameters": parameters, "inputs": INPUTS, "outputs": OUTPUTS, "gpus": gpus}
 
     def versions(self) -> dict[str, str]:
         from importlib.metadata import PackageNotFoundError, version

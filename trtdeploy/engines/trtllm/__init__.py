@@ -1,9 +1,10 @@
 """The ``trtllm`` engine: TensorRT engines built by TensorRT-LLM 0.17.x to 1.2.x, served by the C++ backend.
 
-The plan is exactly what an expert runs by hand (see :mod:`.commands`); the ``tensorrt_llm`` model's config.pbtxt
-comes from a template per backend release family (the parameter sets of 0.17, 0.19 and 1.x differ). A dry run
-plans for any release (``--trtllm-version``) on any machine; building needs TensorRT-LLM installed, in the serving
-image of the same release (engines do not move between releases or GPU architectures).
+The plan is exactly what an expert runs by hand (see :mod:`.commands`) for the release it targets; what differs
+between releases (examples layout, the backend's tensor names, the architectures it converts) is one row per release
+line in :mod:`.releases`. A dry run plans for any release (``--trtllm-version``) on any machine; building needs
+TensorRT-LLM installed, in the serving image of the same release (engines do not move between releases or GPU
+architectures).
 """
 
 from __future__ import annotations
@@ -14,17 +15,35 @@ from typing import Any
 
 from ...errors import UsageError
 from ...hookspecs import hookimpl
+from ...memory import read_config
 from ...spec import BuildContext
 from ..base import BuildStep
-from .commands import QFORMATS, Recipe, build_step, checkpoint_step, cleanup_step
-from .tensors import OUTPUTS, inputs, renamed
-from .versions import TensorRTLLMEngine, installed
+from .commands import (
+    AWQ_BLOCK_SIZE,
+    QFORMATS,
+    Recipe,
+    awq_shard_problems,
+    awq_tps,
+    build_step,
+    calibrates,
+    calibration_samples,
+    checkpoint_step,
+    cleanup_step,
+)
+from .releases import FACTS, LAUNCH_SOURCE, RELEASES, Release
+from .tensors import inputs, outputs, renamed
+from .versions import TensorRTLLMEngine, TrtllmVersion, installed
 
 TEMPLATES = Path(__file__).parent / "templates"
 #: The runtime scheduler never pauses a started request (no eviction), so streams keep their pace.
 SCHEDULER_POLICY = "guaranteed_no_evict"
 #: Share of the KV-cache pool an encoder-decoder model keeps for cross attention.
 CROSS_KV_CACHE_FRACTION = 0.5
+#: What launch_triton_server.py sets for several TRT-LLM model instances in one server (``--multi-model``): the
+#: backend's orchestrator spawns each instance's workers (``serve`` adds the rest of that launch: see server/_serve).
+ORCHESTRATOR_ENV = {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"}
+#: Facts about GPU kernels: they refuse a point or get a note of their own, not the release-facts note.
+GPU_FACTS = ("sm100_unsupported", "sm120_unpinned")
 
 
 class TrtllmEngine(TensorRTLLMEngine):
@@ -36,6 +55,8 @@ class TrtllmEngine(TensorRTLLMEngine):
     templates_dir = TEMPLATES
     rank = 30
     launches_ranks = True
+    #: The engine options of ``trtdeploy build`` this engine honours (see build.ENGINE_OPTION_FLAGS).
+    build_options = frozenset({"kv_cache_dtype", "calib_dataset", "calib_size"})
 
     def unavailable_reason(self) -> str | None:
         if installed() is None:
@@ -44,28 +65,71 @@ class TrtllmEngine(TensorRTLLMEngine):
             return "trtllm-build is not on PATH"
         return None
 
+    def release_of(self, text: str) -> TrtllmVersion:
+        version = super().release_of(text)
+        if version.line not in {release.line for release in RELEASES}:
+            known = ", ".join(release.label for release in RELEASES)
+            raise UsageError(f"TensorRT-LLM {version.text} is not a release line this engine knows ({known})")
+        return version
+
     def validate(self, ctx: BuildContext) -> None:
-        if ctx.gpu_profile is None:
+        profile = ctx.gpu_profile
+        if profile is None:
             raise UsageError("the trtllm engine builds for a GPU", hint="pass --gpu NAME (trtdeploy gpus lists them)")
-        version = self.release(ctx)
-        if ctx.point.precision == "fp8" and ctx.gpu_profile.compute_capability >= (12, 0) and version.line < (0, 19):
-            raise UsageError(f"fp8 on {ctx.gpu_profile.name} (SM120) needs TensorRT-LLM 0.19 or newer")
-        Recipe.of(ctx)  # an architecture without a converter is refused here
+        point, version = ctx.point, self.release(ctx)
+        if point.precision == "fp8" and profile.compute_capability >= (12, 0) and version.line < (0, 19):
+            raise UsageError(f"fp8 on {profile.name} (SM120) needs TensorRT-LLM 0.19 or newer")
+        unsupported = version.facts.sm100_unsupported
+        if profile.compute_capability[0] == 10 and point.precision in unsupported:
+            raise UsageError(
+                f"{point.precision} on {profile.name} ({profile.sm}): TensorRT-LLM's engine builder has no kernel for "
+                f"it there ({unsupported[point.precision]})",
+                hint="use --precision fp8 or bf16, or --engine trtllm_pytorch",
+            )
+        self._check_kv_cache(ctx)
+        config = read_config(ctx.llm_dir)
+        if point.precision == "int4_awq" and config:
+            problems = awq_shard_problems(config, point.tp)
+            if problems:
+                working = [f"--tp {tp}" for tp in awq_tps(config, point.tp)]
+                raise UsageError(
+                    f"int4_awq at TP{point.tp}: {'; '.join(problems)} (ModelOpt refuses the export)",
+                    hint=f"use {' or '.join(working)} (with --pp for more GPUs), or another precision"
+                    if working
+                    else "use another precision",
+                )
+        Recipe.of(ctx)  # an architecture without a converter in this release is refused here
+
+    def _check_kv_cache(self, ctx: BuildContext) -> None:
+        """``--kv-cache-dtype`` against the GPU and the precision's checkpoint writer."""
+        point, profile = ctx.point, ctx.gpu_profile
+        assert profile is not None
+        if point.kv_cache_dtype == "fp8":
+            if not profile.supports("fp8"):
+                raise UsageError(
+                    f"--kv-cache-dtype fp8 needs compute capability 8.9+ and the {profile.name} is {profile.sm}",
+                    hint="use --kv-cache-dtype int8",
+                )
+            if point.precision not in QFORMATS:
+                raise UsageError(
+                    f"--kv-cache-dtype fp8 with {point.precision}: convert_checkpoint.py, which writes "
+                    f"{point.precision} checkpoints, has only an INT8 KV cache (--int8_kv_cache)",
+                    hint=f"use --kv-cache-dtype int8, or a precision quantize.py writes ({', '.join(QFORMATS)})",
+                )
 
     def steps(self, ctx: BuildContext) -> list[BuildStep]:
         recipe = Recipe.of(ctx)
         return [checkpoint_step(ctx, recipe), build_step(ctx, recipe), cleanup_step()]
 
     def server_env(self, ctx: BuildContext) -> dict[str, str]:
-        # several instances of the model need the backend's orchestrator mode (it spawns each one's workers)
-        return {"TRTLLM_ORCHESTRATOR": "1"} if ctx.point.replicas > 1 else {}
+        return dict(ORCHESTRATOR_ENV) if ctx.point.replicas > 1 else {}
 
     def input_names(self, ctx: BuildContext) -> dict[str, str]:
-        return renamed(self.release(ctx).config_family)
+        return renamed(self.release(ctx).facts)
 
     def template_context(self, ctx: BuildContext) -> dict[str, Any]:
         point = ctx.point
-        family = self.release(ctx).config_family
+        release = self.release(ctx).facts
         parameters: dict[str, Any] = {
             "max_beam_width": 1,
             "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
@@ -84,15 +148,15 @@ class TrtllmEngine(TensorRTLLMEngine):
             parameters["cross_kv_cache_fraction"] = CROSS_KV_CACHE_FRACTION
         return {
             "instances": point.replicas,
-            "family": family,
-            "inputs": inputs(family, encoder_decoder=ctx.encoder_decoder),
-            "outputs": OUTPUTS,
+            "inputs": inputs(release, encoder_decoder=ctx.encoder_decoder),
+            "outputs": outputs(release),
             "parameters": parameters,
         }
 
     def notes(self, ctx: BuildContext) -> list[str]:
         point, recipe = ctx.point, Recipe.of(ctx)
         version = recipe.version
+        release = version.facts
         image, exact = version.triton_image
         lines = [
             f"TensorRT-LLM {version.text}: build and serve inside {image}"
@@ -107,24 +171,60 @@ class TrtllmEngine(TensorRTLLMEngine):
             "enable_kv_cache_reuse: requests sharing a prompt prefix reuse its KV blocks (needs paged context FMHA)",
             f"batch_scheduler_policy {SCHEDULER_POLICY}: a started request is never paused to make room",
             "tokens_per_block left at the release's default (32 in the sources checked, 64 in older releases)",
+            f"TensorRT-LLM {release.label}: converters in examples/{release.examples_layout}<model>/, the backend "
+            f"({release.backend_home}) reads {release.seed_input} and {release.min_tokens_input}, and "
+            f"{release.stats_input} makes it write {', '.join(release.stats_outputs)} (declared as outputs)"
+            + _token_counts(release),
         ]
-        if point.precision in ("fp8", "int4_awq", "int8_sq"):
+        unconfirmed = [FACTS[name] for name in release.unconfirmed if name not in GPU_FACTS]
+        if unconfirmed:
             lines.append(
-                "quantize.py calibrates on its default dataset (cnn_dailymail) from the Hugging Face Hub: "
-                "the build host needs Hub access or a local copy (--calib_dataset)"
+                f"TensorRT-LLM {release.label}: {', '.join(unconfirmed)} not read at its own tag (from the releases "
+                "around it, pull requests and untagged sources: trtdeploy/engines/trtllm/releases.py)"
             )
+        if calibrates(ctx, recipe):
+            dataset = point.calib_dataset or "its default dataset (cnn_dailymail) from the Hugging Face Hub"
+            if point.precision in QFORMATS:
+                samples = f"{calibration_samples(ctx)} samples"
+            else:  # the INT8 KV cache of convert_checkpoint.py
+                samples = "convert_checkpoint.py's own number of samples" + (
+                    " (--calib-size unused: it takes none)" if point.calib_size else ""
+                )
+            lines.append(f"calibration on {dataset}, {samples}")
+        elif point.calib_dataset or point.calib_size:
+            lines.append(
+                f"--calib-dataset/--calib-size unused: {point.precision} with this KV cache calibrates nothing"
+            )
+        profile = ctx.gpu_profile
+        unpinned = release.sm120_unpinned.get(point.precision)
+        if profile is not None and profile.compute_capability[0] == 12 and unpinned:
+            lines.append(
+                f"{point.precision} on {profile.name} ({profile.sm}): planned, though whether TensorRT-LLM "
+                f"{version.text}'s engine builder has its kernel there rests on sources not pinned to a release "
+                f"({unpinned}); if trtllm-build stops with 'Arch unsupported', use --precision fp8 or bf16, or "
+                "--engine trtllm_pytorch"
+            )
+        if point.precision == "int4_awq":
+            groups = f"every sharded input dimension is a whole number of {AWQ_BLOCK_SIZE}-wide AWQ groups"
+            lines.append(
+                f"int4_awq at TP{point.tp}: {groups} (checked before the build)"
+                if read_config(ctx.llm_dir)
+                else f"int4_awq at TP{point.tp}: that {groups} (else ModelOpt refuses the export) is checked once "
+                "config.json is here: a build fetches it before the weights"
+            )
+        if recipe.kv_cache_dtype:
+            lines.append(f"KV cache in {recipe.kv_cache_dtype} (the memory estimate counts 16-bit elements)")
         if point.precision == "fp8":
-            lines.append("fp8: gemm_plugin left disabled (TensorRT's own FP8 GEMMs), FP8 KV cache and FP8 context FMHA")
-        if version.examples_layout_uncertain:
-            lines.append(
-                "examples path: examples/<model>/ up to 0.18, examples/models/core/<model>/ later; whether 0.19 "
-                "already has the new layout is unverified (the build names the script it cannot find)"
-            )
+            fmha = " and FP8 context FMHA" if recipe.kv_cache_dtype == "fp8" else ""
+            lines.append(f"fp8: gemm_plugin left disabled (TensorRT's own FP8 GEMMs){fmha}")
         if point.replicas > 1:
             lines.append(
                 f"{point.replicas} instances of the engine behind one endpoint, on GPUs "
                 f"{' / '.join(','.join(map(str, g)) for g in point.gpu_groups)} (gpu_device_ids), in the backend's "
-                "orchestrator mode (TRTLLM_ORCHESTRATOR=1: it spawns each instance's workers; no mpirun)"
+                "orchestrator mode launched as launch_triton_server.py --multi-model does: TRTLLM_ORCHESTRATOR=1, "
+                "tritonserver as one MPI rank (mpirun -n 1) whose backend spawns each instance's workers, no pinned "
+                "memory pool, no peer access and a zero CUDA memory pool on every GPU (Triton newer than 24.06; "
+                f"{LAUNCH_SOURCE})"
             )
         if point.world_size > 1 and point.replicas == 1:
             lines.append(
@@ -133,16 +233,21 @@ class TrtllmEngine(TensorRTLLMEngine):
             )
         if recipe.load_on_cpu and point.precision not in QFORMATS:
             lines.append("--load_model_on_cpu: the 16-bit checkpoint does not fit one GPU while it is converted")
-        if version.config_family == "1.x":
-            lines.append(
-                "config family 1.x: the backend reads `seed` and `min_tokens` (renamed from random_seed and "
-                "min_length after 0.19.0; whether 0.20.0 already has the new names is unverified)"
-            )
+        if version.line >= (1, 0):
             lines.append(
                 f"TensorRT-LLM {version.text}: trtllm-build and convert_checkpoint.py are legacy in the 1.x line "
                 "(removed after 1.2); --engine trtllm_pytorch is the path forward"
             )
         return lines
+
+
+def _token_counts(release: Release) -> str:
+    if not release.token_count_inputs:
+        return ""
+    return (
+        f"; {' and '.join(release.token_count_inputs)} make it write {', '.join(release.token_count_outputs)} "
+        "(declared as outputs)"
+    )
 
 
 @hookimpl

@@ -1,26 +1,16 @@
-"""The tensors of the ``tensorrt_llm`` model per backend release family, as the C++ backend reads them.
+"""The tensors of the ``tensorrt_llm`` model as the C++ backend of a release reads and writes them.
 
-Families: "0.17" (0.17-0.18), "0.19" (0.19) and "1.x" (0.20-1.2). Upstream renamed ``random_seed`` to ``seed`` and
-``min_length`` to ``min_tokens`` after 0.19.0 and replaced ``return_kv_cache_reuse_stats`` with
-``return_perf_metrics`` in 0.19. Exposed: the LLM contract, sampling and stop controls, log-probs and logits, and
-the encoder inputs of encoder-decoder models; not exposed: LoRA, draft/speculative, prompt-table, multimodal and
-KV-retention tensors (none of trtdeploy's models use them).
+The names that change between releases (``random_seed``/``seed``, ``min_length``/``min_tokens``, the statistics
+switch and its outputs, the token-count switches and their outputs) come from the release's row in :mod:`.releases`.
+Exposed: the LLM contract, sampling and stop controls, log-probs and logits, per-request statistics and token counts,
+and the encoder inputs of encoder-decoder models; not exposed: LoRA, draft/speculative, prompt-table, multimodal,
+guided-decoding and KV-retention tensors (none of trtdeploy's models use them).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-
-@dataclass(frozen=True)
-class Tensor:
-    name: str
-    data_type: str
-    dims: tuple[int, ...] = (1,)
-    optional: bool = True
-    #: Per-request scalars arrive as [1] and the backend reads them as scalars.
-    reshape_scalar: bool = False
-    ragged: bool = False
+from ..contract import Tensor
+from .releases import Release
 
 
 def _scalar(name: str, data_type: str, optional: bool = True) -> Tensor:
@@ -31,13 +21,14 @@ def _ragged(name: str, data_type: str, dims: tuple[int, ...] = (-1,), optional: 
     return Tensor(name, data_type, dims, optional, ragged=True)
 
 
-def renamed(family: str) -> dict[str, str]:
-    """The LLM contract's input names that this family's backend spells differently."""
-    return {"random_seed": "seed", "min_length": "min_tokens"} if family == "1.x" else {}
+def renamed(release: Release) -> dict[str, str]:
+    """The LLM contract's input names that this release's backend spells differently."""
+    names = {"random_seed": release.seed_input, "min_length": release.min_tokens_input}
+    return {contract: backend for contract, backend in names.items() if contract != backend}
 
 
-def inputs(family: str, *, encoder_decoder: bool) -> list[Tensor]:
-    names = renamed(family)
+def inputs(release: Release, *, encoder_decoder: bool) -> list[Tensor]:
+    """The inputs of the ``tensorrt_llm`` model for ``release``'s backend."""
     found = [
         _ragged("input_ids", "TYPE_INT32"),
         _scalar("input_lengths", "TYPE_INT32", optional=False),
@@ -55,14 +46,15 @@ def inputs(family: str, *, encoder_decoder: bool) -> list[Tensor]:
         _scalar("len_penalty", "TYPE_FP32"),
         _scalar("early_stopping", "TYPE_BOOL"),
         _scalar("repetition_penalty", "TYPE_FP32"),
-        _scalar(names.get("min_length", "min_length"), "TYPE_INT32"),
+        _scalar(release.min_tokens_input, "TYPE_INT32"),
         _scalar("presence_penalty", "TYPE_FP32"),
         _scalar("frequency_penalty", "TYPE_FP32"),
-        _scalar(names.get("random_seed", "random_seed"), "TYPE_UINT64"),
+        _scalar(release.seed_input, "TYPE_UINT64"),
         _scalar("return_log_probs", "TYPE_BOOL"),
         _scalar("return_context_logits", "TYPE_BOOL"),
         _scalar("return_generation_logits", "TYPE_BOOL"),
-        _scalar("return_kv_cache_reuse_stats" if family == "0.17" else "return_perf_metrics", "TYPE_BOOL"),
+        _scalar(release.stats_input, "TYPE_BOOL"),
+        *(_scalar(name, "TYPE_BOOL") for name in release.token_count_inputs),
         _scalar("exclude_input_in_output", "TYPE_BOOL"),
         _scalar("stop", "TYPE_BOOL"),
         _scalar("streaming", "TYPE_BOOL"),
@@ -78,6 +70,7 @@ def inputs(family: str, *, encoder_decoder: bool) -> list[Tensor]:
     return found
 
 
+#: The outputs every release writes.
 OUTPUTS = [
     Tensor("output_ids", "TYPE_INT32", (-1, -1), optional=False),
     Tensor("sequence_length", "TYPE_INT32", (-1,), optional=False),
@@ -88,3 +81,24 @@ OUTPUTS = [
     Tensor("batch_index", "TYPE_INT32", (1,), optional=False),
     Tensor("sequence_index", "TYPE_INT32", (1,), optional=False),
 ]
+#: The data type of each per-request statistic and token count (the backend writes each as [1, 1]: [1] per request).
+COUNTER_TYPES = {
+    "kv_cache_alloc_new_blocks": "TYPE_INT32",
+    "kv_cache_reused_blocks": "TYPE_INT32",
+    "kv_cache_alloc_total_blocks": "TYPE_INT32",
+    "arrival_time_ns": "TYPE_INT64",
+    "first_scheduled_time_ns": "TYPE_INT64",
+    "first_token_time_ns": "TYPE_INT64",
+    "last_token_time_ns": "TYPE_INT64",
+    "acceptance_rate": "TYPE_FP32",
+    "total_accepted_draft_tokens": "TYPE_INT32",
+    "total_draft_tokens": "TYPE_INT32",
+    "num_input_tokens": "TYPE_INT32",
+    "num_output_tokens": "TYPE_INT32",
+}
+
+
+def outputs(release: Release) -> list[Tensor]:
+    """:data:`OUTPUTS`, and the statistics and token counts ``release``'s backend writes when a request asks."""
+    counters = (*release.stats_outputs, *release.token_count_outputs)
+    return OUTPUTS + [Tensor(name, COUNTER_TYPES[name], (1,), optional=False) for name in counters]

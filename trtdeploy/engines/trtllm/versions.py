@@ -15,9 +15,11 @@ from typing import Any
 from ...errors import UsageError
 from ...spec import BuildContext
 from ..base import Engine
+from . import releases
+from .releases import Release
 
-OLDEST = (0, 17)
-NEWEST = (1, 2)
+OLDEST = releases.RELEASES[0].line
+NEWEST = releases.RELEASES[-1].line
 #: What a dry run plans for when no TensorRT-LLM is installed and no --trtllm-version is given.
 LATEST_KNOWN = "1.2.1"
 
@@ -76,23 +78,9 @@ class TrtllmVersion:
         return (self.major, self.minor)
 
     @property
-    def config_family(self) -> str:
-        """Which ``tensorrt_llm`` config.pbtxt parameter set this release's backend reads."""
-        if self.line < (0, 19):
-            return "0.17"
-        if self.line < (1, 0):
-            return "0.19"
-        return "1.x"
-
-    @property
-    def examples_layout(self) -> str:
-        """Where per-model examples sit under ``examples/``: flat up to 0.18, ``models/core/`` later (the release
-        of the move, 0.19 or 0.20, is unverified: :attr:`examples_layout_uncertain`)."""
-        return "models/core/" if self.line >= (0, 19) else ""
-
-    @property
-    def examples_layout_uncertain(self) -> bool:
-        return (0, 18) <= self.line <= (0, 20)
+    def facts(self) -> Release:
+        """This release line's facts (see :mod:`.releases`)."""
+        return releases.of(self.line)
 
     @property
     def triton_image(self) -> tuple[str, bool]:

@@ -17,6 +17,7 @@ from ...hookspecs import hookimpl
 from ...memory import read_config
 from ...spec import BuildContext
 from ..base import PYTHON_TEMPLATES
+from ..contract import INPUTS, OUTPUTS
 from ..trtllm.versions import TensorRTLLMEngine, TrtllmVersion, installed
 
 OLDEST = (1, 0)
@@ -104,7 +105,7 @@ class TrtllmPytorchEngine(TensorRTLLMEngine):
             "exclude_input_in_output": "true",
             "cancellation_check_period_ms": 100,
         }
-        return {"parameters": parameters, "gpus": []}
+        return {"parameters": parameters, "inputs": INPUTS, "outputs": OUTPUTS, "gpus": []}
 
     def notes(self, ctx: BuildContext) -> list[str]:
         version = self.release(ctx)

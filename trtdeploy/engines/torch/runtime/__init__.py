@@ -12,7 +12,15 @@ from pathlib import Path
 import torch
 
 from ....backend_utils import ModelParameters
-from ...contract import NEVER_STOP, GenerationRequest, ResponseSink, SamplingParams, output_arrays, special_tokens
+from ...contract import (
+    NEVER_STOP,
+    GenerationRequest,
+    ResponseSink,
+    SamplingParams,
+    SequenceOutput,
+    response_arrays,
+    special_tokens,
+)
 from .. import unsupported_reason
 from .generator import Generator, GeneratorConfig
 from .model import DecoderModel
@@ -30,10 +38,11 @@ __all__ = [
     "ResponseSink",
     "SamplingParams",
     "SamplingPlan",
+    "SequenceOutput",
     "SlotSampler",
     "load_generator",
     "load_from_parameters",
-    "output_arrays",
+    "response_arrays",
     "special_tokens",
     "uniform_noise",
 ]
@@ -66,13 +75,12 @@ def load_generator(
         max_seq_len=max_seq_len,
         cuda_graphs=cuda_graphs,
     )
-    end_ids, pad_id = special_tokens(model_dir)
+    end_ids, _ = special_tokens(model_dir)
     limits = GeneratorConfig(
         max_input_len=min(max_input_len, max_seq_len - 1),
         max_num_tokens=max_num_tokens,
         end_ids=end_ids,
         cancel_check_period=cancel_check_period,
-        pad_id=pad_id,
     )
     return Generator(model, limits)
 

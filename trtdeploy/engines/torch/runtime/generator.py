@@ -4,6 +4,10 @@
 prefill), then runs one decode step over every running sequence, and repeats. Tokens, final outputs and errors go to
 each request's :class:`ResponseSink` from a second thread, so sending (an IPC under Triton) overlaps the next step.
 An error in a step becomes an error for the requests it touched; the loop itself keeps running.
+
+Each prompt of a request runs as ``num_return_sequences`` sequences, one slot each. Stop words end a sequence on
+their last token (kept); bad words and, before ``min_tokens``, the end tokens are banned in the sampler before each
+step, from the sequence so far.
 """
 
 from __future__ import annotations
@@ -15,16 +19,19 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import torch
 
-from ...contract import GenerationRequest, ResponseSink
+from ...contract import Capabilities, GenerationRequest, ResponseSink, SamplingParams, SequenceOutput, Words, refusal
 from .model import DecoderModel
 from .sampling import SlotSampler
 
 log = logging.getLogger(__name__)
+
+CAPABILITIES = Capabilities("torch")
 
 
 @dataclass(frozen=True)
@@ -38,37 +45,95 @@ class GeneratorConfig:
     end_ids: frozenset[int] = frozenset()
     #: Seconds between polls of the sinks' ``is_cancelled``.
     cancel_check_period: float = 0.1
-    #: The checkpoint's pad id: what ``output_ids`` rows are padded with when a request sets no ``pad_id``.
-    pad_id: int = 0
 
 
 class _Job:
     """A submitted request while it is in flight."""
 
-    __slots__ = ("request", "sink", "stops", "outputs", "pending", "sequences", "done")
+    __slots__ = ("request", "sink", "stops", "outputs", "pending", "sequences", "done", "context_logits")
 
     def __init__(self, request: GenerationRequest, sink: ResponseSink, stops: frozenset[int]):
         self.request = request
         self.sink = sink
         self.stops = stops
-        self.outputs: list[list[int]] = [[] for _ in request.input_ids]
-        self.pending = len(request.input_ids)
+        self.outputs: list[SequenceOutput] = []
+        self.pending = len(request.input_ids) * request.num_return_sequences
         self.sequences: list[_Sequence] = []
         self.done = False
+        #: Row -> the prompt's logits ``[prompt, vocab]``, when the request asks for them.
+        self.context_logits: dict[int, np.ndarray] = {}
 
 
 class _Sequence:
-    """One prompt of a job: waiting for a slot, then running in it."""
+    """One return sequence of one prompt of a job: waiting for a slot, then running in it."""
 
-    __slots__ = ("job", "row", "prompt", "limit", "slot", "tokens")
+    __slots__ = ("job", "row", "index", "prompt", "limit", "slot", "tokens", "log_probs", "cum_log_prob", "logits")
 
-    def __init__(self, job: _Job, row: int, prompt: list[int], limit: int):
+    def __init__(self, job: _Job, row: int, index: int, prompt: list[int], limit: int):
         self.job = job
         self.row = row
+        self.index = index
         self.prompt = prompt
         self.limit = limit
         self.slot: int | None = None
         self.tokens: list[int] = []
+        self.log_probs: list[float] = []
+        #: The sum of ``log_probs``, kept as they come (a streamed piece carries it).
+        self.cum_log_prob = 0.0
+        self.logits: list[np.ndarray] = []
+
+    @property
+    def params(self) -> SamplingParams:
+        """The request's sampling settings, seeded ``seed + index`` (TRT-LLM's seeds for its child requests)."""
+        sampling = self.job.request.sampling
+        return replace(sampling, seed=sampling.seed + self.index) if self.index else sampling
+
+    def tail(self, count: int) -> list[int]:
+        """The last ``count`` ids of the prompt followed by the output so far (fewer if there are not as many)."""
+        if count <= len(self.tokens):
+            return self.tokens[len(self.tokens) - count :]
+        return self.prompt[max(len(self.prompt) - (count - len(self.tokens)), 0) :] + self.tokens
+
+    def ends_with_one_of(self, words: Words) -> bool:
+        return any(self.tail(len(word)) == list(word) for word in words)
+
+    def banned(self) -> frozenset[int]:
+        """The tokens the next step may not choose: the end tokens before ``min_tokens``, and each bad word's last
+        token when the sequence ends with the rest of that word."""
+        request = self.job.request
+        found = set(self.job.stops) if len(self.tokens) < request.min_tokens else set()
+        found.update(word[-1] for word in request.bad_words if self.tail(len(word) - 1) == list(word[:-1]))
+        return frozenset(found)
+
+    def piece(self, logits: np.ndarray | None) -> SequenceOutput:
+        """The newest token as a streamed piece (the first piece of a sequence brings the prompt's logits)."""
+        request = self.job.request
+        return SequenceOutput(
+            self.tokens[-1:],
+            row=self.row,
+            index=self.index,
+            log_probs=self.log_probs[-1:] if request.return_log_probs else None,
+            cum_log_prob=self.cum_log_prob if request.return_log_probs else None,
+            generation_logits=None if logits is None else logits[None],
+            context_logits=self.job.context_logits.get(self.row) if len(self.tokens) == 1 else None,
+        )
+
+    def output(self, vocab_size: int) -> SequenceOutput:
+        """The finished sequence (after its prompt when the request keeps the input in the output)."""
+        request = self.job.request
+        prompt = [] if request.exclude_input else self.prompt
+        return SequenceOutput(
+            prompt + self.tokens,
+            row=self.row,
+            index=self.index,
+            prompt_tokens=len(prompt),
+            log_probs=list(self.log_probs) if request.return_log_probs else None,
+            cum_log_prob=self.cum_log_prob if request.return_log_probs else None,
+            generation_logits=(np.stack(self.logits) if self.logits else np.zeros((0, vocab_size), np.float32))
+            if request.return_generation_logits
+            else None,
+            context_logits=self.job.context_logits.get(self.row),
+        )
 
 
 #: (send, its arguments, whether later tokens of the same stream may be merged into it)
@@ -84,7 +149,6 @@ class Generator:
         self.sampler = SlotSampler(
             model.max_slots, model.vocab_size, model.device, capture=model.capture if model.use_graphs else None
         )
-        self.pad_id = config.pad_id
         #: Decode steps run, and the most sequences one step carried (for tests and stats).
         self.steps = 0
         self.peak_batch = 0
@@ -123,10 +187,11 @@ class Generator:
     def _check(self, request: GenerationRequest) -> str | None:
         if not request.input_ids:
             return "the request holds no input_ids"
-        if request.streaming and len(request.input_ids) > 1:
-            return f"streaming takes one sequence per request (got a batch of {len(request.input_ids)})"
         if request.max_new_tokens < 1:
             return f"request_output_len must be at least 1 (got {request.max_new_tokens})"
+        problem = refusal(request, CAPABILITIES)
+        if problem:
+            return problem
         vocab = self.model.vocab_size
         for prompt in request.input_ids:
             if not prompt:
@@ -137,6 +202,12 @@ class Generator:
                 return f"input length {len(prompt)} leaves no room below max_seq_len {self.model.max_seq_len}"
             if min(prompt) < 0 or max(prompt) >= vocab:
                 return f"input_ids hold a token id outside the vocabulary [0, {vocab})"
+        for name, words in (("stop_words", request.stop_words), ("bad_words", request.bad_words)):
+            if any(min(word) < 0 or max(word) >= vocab for word in words):
+                return f"{name} hold a token id outside the vocabulary [0, {vocab})"
+        bias = request.embedding_bias
+        if bias is not None and (bias.ndim != 1 or len(bias) > vocab):
+            return f"embedding_bias has shape {list(bias.shape)}: it takes one value per token of the {vocab}"
         return None
 
     # --- decode thread ------------------------------------------------------------------------------------------
@@ -176,9 +247,10 @@ class Generator:
             room = self.model.max_seq_len
             for row, prompt in enumerate(job.request.input_ids):
                 limit = min(job.request.max_new_tokens, room - len(prompt))
-                sequence = _Sequence(job, row, prompt, limit)
-                job.sequences.append(sequence)
-                self._waiting.append(sequence)
+                for index in range(job.request.num_return_sequences):
+                    sequence = _Sequence(job, row, index, prompt, limit)
+                    job.sequences.append(sequence)
+                    self._waiting.append(sequence)
 
     def _drop_cancelled(self) -> None:
         self._next_cancel_check = time.monotonic() + self.config.cancel_check_period
@@ -213,21 +285,54 @@ class Generator:
             return
         prompts = [sequence.prompt for sequence in batch]
         slots = [sequence.slot for sequence in batch]
+        requests = [sequence.job.request for sequence in batch]
         try:
-            self.sampler.assign(slots, [s.job.request.sampling for s in batch], prompts)
+            self.sampler.assign(
+                slots,
+                [sequence.params for sequence in batch],
+                prompts,
+                biases=[request.embedding_bias for request in requests],
+                log_probs=[request.return_log_probs for request in requests],
+            )
+            for sequence in batch:
+                self._ban(sequence)
             logits = self.model.prefill(prompts, slots)
+            for sequence in batch:
+                job = sequence.job
+                if job.request.return_context_logits and sequence.row not in job.context_logits:
+                    job.context_logits[sequence.row] = self.model.prompt_logits(sequence.prompt).cpu().numpy()
             last = torch.as_tensor([len(prompt) - 1 for prompt in prompts], device=self.model.device)
             first = self.sampler.sample(logits, slots, last).tolist()
+            extras = self._extras(batch, logits, list(range(len(batch))))
         except Exception as exc:
             log.exception("prefill failed")
             for sequence in batch:
                 self._fail(sequence.job, f"prefill failed: {exc}")
             return
-        starting = [s for s, token in zip(batch, first, strict=True) if not self._accept(s, token)]
+        starting = [
+            sequence
+            for sequence, token, (log_prob, token_logits) in zip(batch, first, extras, strict=True)
+            if not self._accept(sequence, token, log_prob, token_logits)
+        ]
         if starting:
             self.model.start(
                 [s.slot for s in starting], [s.tokens[-1] for s in starting], [len(s.prompt) for s in starting]
             )
+
+    def _extras(
+        self, sequences: list[_Sequence], logits: torch.Tensor, rows: list[int]
+    ) -> list[tuple[float, np.ndarray | None]]:
+        """Per sequence (whose logits are row ``rows[i]`` of ``logits``): its chosen token's log probability and the
+        step's raw logits, where its request asks for them."""
+        log_probs = [0.0] * len(sequences)
+        if any(s.job.request.return_log_probs for s in sequences):
+            log_probs = self.sampler.log_probs_of([s.slot for s in sequences])
+        wanted = [i for i, s in enumerate(sequences) if s.job.request.return_generation_logits]
+        found: dict[int, np.ndarray] = {}
+        if wanted:
+            values = logits[[rows[i] for i in wanted]].float().cpu().numpy()
+            found = dict(zip(wanted, values, strict=True))
+        return [(log_prob, found.get(i)) for i, log_prob in enumerate(log_probs)]
 
     def _step(self) -> None:
         """One decode step over every running sequence."""
@@ -235,42 +340,58 @@ class Generator:
         top = max(running) + 1
         span = max(len(s.prompt) + len(s.tokens) for s in running.values())
         batch, span = self.model.buckets(top, span)
+        sequences = list(running.values())
         try:
             logits = self.model.decode(batch, span)
             chosen = self.sampler.sample_decode(logits, self.model.positions[:batch])
             self.model.advance(batch, chosen)
             tokens = chosen.tolist()
+            extras = self._extras(sequences, logits, [sequence.slot for sequence in sequences])
         except Exception as exc:
             log.exception("decode step failed")
-            for job in {sequence.job for sequence in running.values()}:
+            for job in {sequence.job for sequence in sequences}:
                 self._fail(job, f"decode step failed: {exc}")
             return
         self.steps += 1
         self.peak_batch = max(self.peak_batch, len(running))
-        for slot, sequence in list(running.items()):
-            self._accept(sequence, tokens[slot])
+        for sequence, (log_prob, token_logits) in zip(sequences, extras, strict=True):
+            self._accept(sequence, tokens[sequence.slot], log_prob, token_logits)
 
-    def _accept(self, sequence: _Sequence, token: int) -> bool:
+    def _accept(self, sequence: _Sequence, token: int, log_prob: float, logits: np.ndarray | None) -> bool:
         """Record a sequence's new token; True when the sequence is finished (its slot is then free)."""
         job = sequence.job
+        request = job.request
         if token in job.stops:
             finished = True
         else:
             sequence.tokens.append(token)
-            if job.request.streaming:
+            sequence.log_probs.append(log_prob)
+            sequence.cum_log_prob += log_prob
+            if logits is not None:
+                sequence.logits.append(logits)
+            if request.streaming:
                 # a stream's first token always goes out alone: coalescing never delays the time to first token
-                self._events.append((job.sink.send_tokens, ([token],), len(sequence.tokens) > 1))
-            finished = len(sequence.tokens) >= sequence.limit
-        if finished:
-            self._release(sequence)
-            request = job.request
-            job.outputs[sequence.row] = sequence.tokens if request.exclude_input else sequence.prompt + sequence.tokens
-            job.pending -= 1
-            if job.pending == 0:
-                job.done = True
-                self._jobs.discard(job)
-                self._events.append((job.sink.send_final, (None if request.streaming else job.outputs,), False))
-        return finished
+                self._events.append((job.sink.send_tokens, (sequence.piece(logits),), len(sequence.tokens) > 1))
+            finished = len(sequence.tokens) >= sequence.limit or sequence.ends_with_one_of(request.stop_words)
+        if not finished:
+            self._ban(sequence)
+            return False
+        self._release(sequence)
+        if not request.streaming:
+            job.outputs.append(sequence.output(self.model.vocab_size))
+        job.pending -= 1
+        if job.pending == 0:
+            job.done = True
+            self._jobs.discard(job)
+            outputs = sorted(job.outputs, key=lambda output: (output.row, output.index))
+            self._events.append((job.sink.send_final, (None if request.streaming else outputs,), False))
+        return True
+
+    def _ban(self, sequence: _Sequence) -> None:
+        """Set the sampler's bans for the sequence's next token (only requests with word or length rules have any)."""
+        request = sequence.job.request
+        if request.bad_words or request.min_tokens:
+            self.sampler.set_bans(sequence.slot, sequence.banned())
 
     def _release(self, sequence: _Sequence) -> None:
         slot = sequence.slot
@@ -329,18 +450,26 @@ class Generator:
 
 
 def coalesce_tokens(events: list[Event]) -> list[Event]:
-    """Merge each sink's consecutive mergeable ``send_tokens`` events into one, keeping every sink's own order."""
+    """Merge each sequence's consecutive mergeable ``send_tokens`` events into one, keeping every sink's own order."""
     merged: list[Event] = []
-    pending: dict[int, int] = {}  # sink -> index in merged of its open send_tokens event
+    gathered: dict[int, list[SequenceOutput]] = {}  # index in merged of a send_tokens event -> the pieces it sends
+    open_pieces: dict[tuple[int, int, int], int] = {}  # (sink, row, index) -> index in merged of its open piece
     for send, args, mergeable in events:
         sink = id(send.__self__)
-        if mergeable and sink in pending:
-            previous = merged[pending[sink]]
-            merged[pending[sink]] = (previous[0], (previous[1][0] + args[0],), True)
-        elif mergeable:  # only send_tokens events are mergeable
-            pending[sink] = len(merged)
-            merged.append((send, (list(args[0]),), mergeable))
-        else:
-            pending.pop(sink, None)
+        if not mergeable:
+            for key in [key for key in open_pieces if key[0] == sink]:
+                del open_pieces[key]
             merged.append((send, args, mergeable))
+            continue
+        piece = args[0]  # only send_tokens events are mergeable
+        key = (sink, piece.row, piece.index)
+        if key in open_pieces:
+            gathered[open_pieces[key]].append(piece)
+        else:
+            open_pieces[key] = len(merged)
+            gathered[len(merged)] = [piece]
+            merged.append((send, args, mergeable))
+    for position, pieces in gathered.items():
+        if len(pieces) > 1:
+            merged[position] = (merged[position][0], (SequenceOutput.joined(pieces),), True)
     return merged

@@ -217,8 +217,17 @@ class DecoderModel:
         length = _bucket(longest, PREFILL_LENGTHS, self.max_seq_len)
         return (rows, length) if rows * length <= PREFILL_GRAPH_TOKENS else None
 
-    def _prefill_forward(self, ids: torch.Tensor, slot_index: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
-        """Prefill right-padded ``ids [rows, length]`` into ``slot_index``; float32 logits at positions ``last``."""
+    @torch.inference_mode()
+    def prompt_logits(self, prompt: list[int]) -> torch.Tensor:
+        """float32 logits ``[len(prompt), vocab]`` at every prompt position (TRT-LLM's context logits), computed
+        eagerly through the scratch slot, whose K/V no sequence reads."""
+        ids = torch.as_tensor([prompt], dtype=torch.long, device=self.device)
+        scratch = torch.full((1,), self.max_slots, dtype=torch.long, device=self.device)
+        return self._prefill_forward(ids, scratch, None)[0]
+
+    def _prefill_forward(self, ids: torch.Tensor, slot_index: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
+        """Prefill right-padded ``ids [rows, length]`` into ``slot_index``; float32 logits at positions ``last``
+        (``[rows, vocab]``), or at every position when ``last`` is None (``[rows, length, vocab]``)."""
         rows, length = ids.shape
         cos, sin = self.cos[:length, None, :], self.sin_signed[:length, None, :]
         x = F.embedding(ids, self.embed)
@@ -231,7 +240,8 @@ class DecoderModel:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling, enable_gqa=True)
             x = x + F.linear(out.transpose(1, 2).flatten(2), layer.o_weight, layer.o_bias)
             x = self._mlp(layer, x)
-        x = x[torch.arange(rows, device=self.device), last]
+        if last is not None:
+            x = x[torch.arange(rows, device=self.device), last]
         x = F.rms_norm(x, x.shape[-1:], self.final_norm, self.eps)
         return F.linear(x, self.lm_head).float()
 

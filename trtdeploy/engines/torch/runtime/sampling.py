@@ -7,9 +7,10 @@ the candidates were gathered. Greedy rows (temperature 0, or top_k 0 with top_p 
 In fp32 a seeded request therefore gives the same tokens in any batch. In bf16/fp16 the logits themselves can differ
 in the last bits between batch shapes (GEMM kernels change with the row count), so a near-tie may go either way.
 
-Which operations a step needs (penalty, ranking width, nucleus) is decided on the host from the slots' settings, a
-:class:`SamplingPlan`; the device work then has no host round trip, and a decode step's choice over slots
-``[0, batch)`` is replayed as one CUDA graph per (batch, plan) when the model uses graphs.
+Which operations a step needs (bias, penalties, banned tokens, ranking width, nucleus, log probabilities) is decided
+on the host from the slots' settings, a :class:`SamplingPlan`; the device work then has no host round trip, and a
+decode step's choice over slots ``[0, batch)`` is replayed as one CUDA graph per (batch, plan) when the model uses
+graphs.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ...contract import SamplingParams
@@ -61,28 +63,55 @@ class SamplingPlan:
 
     ``width`` is how many ranked candidates to keep: 0 draws over the whole vocabulary without ranking (plain
     temperature sampling, or every row greedy when ``draws`` is off), the vocabulary size means a full sort.
+    ``biased``: some slot has an embedding bias; ``masked``: some slot has banned tokens (bad words, or end tokens
+    before its minimum length); ``log_probs``: some sampled slot wants the chosen tokens' log probabilities.
     """
 
     penalised: bool
     draws: bool
     width: int
     nucleus: bool
+    biased: bool = False
+    masked: bool = False
+    log_probs: bool = False
 
     @classmethod
-    def of(cls, params: list[SamplingParams], vocab_size: int) -> SamplingPlan:
+    def of(
+        cls,
+        params: list[SamplingParams],
+        vocab_size: int,
+        *,
+        biased: bool = False,
+        masked: bool = False,
+        log_probs: bool = False,
+    ) -> SamplingPlan:
         sampling = [p for p in params if not p.greedy]
-        penalised = any(p.repetition_penalty != 1.0 for p in params)
+        flags = {
+            "penalised": any(p.penalised for p in params),
+            "draws": bool(sampling),
+            "biased": biased,
+            "masked": masked,
+            "log_probs": log_probs and bool(sampling),
+        }
         if not sampling or all(p.top_k <= 0 and not p.uses_top_p for p in sampling):
-            return cls(penalised, bool(sampling), 0, False)
+            return cls(width=0, nucleus=False, **flags)
         if all(p.top_k > 0 for p in sampling):
             width = _ranking_width(max(p.top_k for p in sampling), vocab_size)
         else:
             width = vocab_size
-        return cls(penalised, True, width, any(p.uses_top_p for p in sampling))
+        return cls(width=width, nucleus=any(p.uses_top_p for p in sampling), **flags)
+
+    @property
+    def argmax_only(self) -> bool:
+        return not (self.penalised or self.draws or self.biased or self.masked)
 
 
 class SlotSampler:
     """Sampling settings of every cache slot, on the device, and the sampling step over a batch of slots.
+
+    The step follows TRT-LLM's order: embedding bias, temperature, penalties, banned tokens masked, then the argmax
+    (greedy rows) or a top-k/top-p draw. A sampled token's log probability is taken in the distribution it was
+    drawn from (the kept candidates, renormalised); a greedy token's is 0, as TRT-LLM reports them.
 
     ``capture`` (the model's CUDA graph capture, when it uses graphs) turns each (batch, plan) of the decode step
     into a replayed graph; without it, or when a capture fails, the same operations run eagerly.
@@ -95,24 +124,46 @@ class SlotSampler:
         device: torch.device,
         capture: Callable[[Callable[[], torch.Tensor]], tuple[torch.cuda.CUDAGraph, torch.Tensor]] | None = None,
     ):
+        self.max_slots = max_slots
         self.vocab_size = vocab_size
         self.device = device
         self.params: list[SamplingParams] = [SamplingParams()] * max_slots
         self.temperature = torch.ones(max_slots, device=device)
         self.top_k = torch.zeros(max_slots, dtype=torch.long, device=device)
         self.top_p = torch.ones(max_slots, device=device)
-        self.penalty = torch.ones(max_slots, device=device)
+        self.repetition = torch.ones(max_slots, device=device)
+        self.presence = torch.zeros(max_slots, device=device)
+        self.frequency = torch.zeros(max_slots, device=device)
         self.seed = torch.zeros(max_slots, dtype=torch.long, device=device)
         self.greedy = torch.ones(max_slots, dtype=torch.bool, device=device)
-        #: ``[slots, vocab]`` bool: tokens seen by each slot, allocated when a repetition penalty is first asked.
-        self.seen: torch.Tensor | None = None
+        #: The log probability of each slot's last chosen token (written by steps whose plan asks for them).
+        self.chosen_log_probs = torch.zeros(max_slots, device=device)
+        #: ``[slots, vocab]``, allocated when first needed: occurrences of each token in a slot's prompt and output
+        #: (penalties), embedding biases, banned tokens.
+        self.counts: torch.Tensor | None = None
+        self.bias: torch.Tensor | None = None
+        self.banned: torch.Tensor | None = None
+        self._biased: set[int] = set()
+        self._bans: dict[int, frozenset[int]] = {}
+        self._log_probs: set[int] = set()
         self._slot_index = torch.arange(max_slots, device=device)
         self._capture = capture
         self._graphs: dict[tuple[int, SamplingPlan], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
+    def _table(self, dtype: torch.dtype) -> torch.Tensor:
+        return torch.zeros(self.max_slots, self.vocab_size, dtype=dtype, device=self.device)
+
     @torch.inference_mode()
-    def assign(self, slots: list[int], params: list[SamplingParams], prompts: list[list[int]]) -> None:
-        """Give slots their requests' settings (and, for repetition penalties, the prompt tokens seen)."""
+    def assign(
+        self,
+        slots: list[int],
+        params: list[SamplingParams],
+        prompts: list[list[int]],
+        biases: list[np.ndarray | None] | None = None,
+        log_probs: list[bool] | None = None,
+    ) -> None:
+        """Give slots their requests' settings: sampling parameters, the prompt tokens the penalties count, an
+        embedding bias (``[<= vocab]``, or None) and whether the chosen tokens' log probabilities are wanted."""
         for slot, item in zip(slots, params, strict=True):
             self.params[slot] = item
         index = torch.as_tensor(slots, dtype=torch.long, device=self.device)
@@ -123,19 +174,72 @@ class SlotSampler:
         put(self.temperature, [max(p.temperature, 1e-6) for p in params])
         put(self.top_k, [max(p.top_k, 0) for p in params])
         put(self.top_p, [p.top_p if p.uses_top_p else 1.0 for p in params])
-        put(self.penalty, [p.repetition_penalty for p in params])
+        put(self.repetition, [p.repetition_penalty for p in params])
+        put(self.presence, [p.presence_penalty for p in params])
+        put(self.frequency, [p.frequency_penalty for p in params])
         put(self.seed, [p.seed & 0x7FFFFFFFFFFFFFFF for p in params])
         put(self.greedy, [p.greedy for p in params])
-        for slot, item, prompt in zip(slots, params, prompts, strict=True):
-            if item.repetition_penalty != 1.0:
-                if self.seen is None:
-                    self.seen = torch.zeros(len(self.params), self.vocab_size, dtype=torch.bool, device=self.device)
-                self.seen[slot] = False
-                self.seen[slot, torch.as_tensor(prompt, dtype=torch.long, device=self.device)] = True
+        for position, (slot, item, prompt) in enumerate(zip(slots, params, prompts, strict=True)):
+            if item.penalised:
+                if self.counts is None:
+                    self.counts = self._table(torch.int32)
+                ids = torch.as_tensor(prompt, dtype=torch.long, device=self.device)
+                self.counts[slot] = torch.bincount(ids, minlength=self.vocab_size).to(torch.int32)
+            bias = None if biases is None else biases[position]
+            self._forget_bias(slot)
+            if bias is not None:
+                if self.bias is None:
+                    self.bias = self._table(torch.float32)
+                self.bias[slot, : len(bias)] = torch.as_tensor(bias, dtype=torch.float32).to(self.device)
+                self._biased.add(slot)
+            if log_probs is not None and log_probs[position]:
+                self._log_probs.add(slot)
 
+    @torch.inference_mode()
+    def set_bans(self, slot: int, tokens: frozenset[int]) -> None:
+        """Ban ``tokens`` from the slot's next choices (replacing its earlier bans)."""
+        old = self._bans.get(slot, frozenset())
+        if tokens == old:
+            return
+        if self.banned is None:
+            self.banned = self._table(torch.bool)
+        if old:
+            self.banned[slot, torch.as_tensor(sorted(old), device=self.device)] = False
+        if tokens:
+            self.banned[slot, torch.as_tensor(sorted(tokens), device=self.device)] = True
+            self._bans[slot] = tokens
+        else:
+            del self._bans[slot]
+
+    @torch.inference_mode()
     def release(self, slot: int) -> None:
         """Forget a finished sequence's settings (the slot's row is greedy until it is assigned again)."""
         self.params[slot] = SamplingParams()
+        self.set_bans(slot, frozenset())
+        self._forget_bias(slot)
+        self._log_probs.discard(slot)
+
+    def _forget_bias(self, slot: int) -> None:
+        """Zero the slot's bias row: a biased step adds every row of its slots, so a row must be zero unless its
+        present request brought a bias."""
+        if slot in self._biased:
+            self.bias[slot].zero_()
+            self._biased.discard(slot)
+
+    def log_probs_of(self, slots: list[int]) -> list[float]:
+        """The log probabilities of the slots' last chosen tokens (0 for a greedy slot)."""
+        values = self.chosen_log_probs[torch.as_tensor(slots, device=self.device)].tolist()
+        return [0.0 if self.params[slot].greedy else value for slot, value in zip(slots, values, strict=True)]
+
+    def _plan(self, slots: list[int] | range) -> SamplingPlan:
+        chosen = set(slots)
+        return SamplingPlan.of(
+            [self.params[slot] for slot in slots],
+            self.vocab_size,
+            biased=not self._biased.isdisjoint(chosen),
+            masked=not chosen.isdisjoint(self._bans),
+            log_probs=not self._log_probs.isdisjoint(chosen),
+        )
 
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, slots: list[int], counters: torch.Tensor) -> torch.Tensor:
@@ -144,7 +248,7 @@ class SlotSampler:
         ``counters`` (device, one per row) feeds the noise: the position of the token whose logits these are,
         which makes a request's draws depend on its own progress only.
         """
-        plan = SamplingPlan.of([self.params[slot] for slot in slots], self.vocab_size)
+        plan = self._plan(slots)
         rows = torch.as_tensor(slots, dtype=torch.long).to(self.device)
         return self._remember(rows, self._choose(logits, rows, counters, plan), plan)
 
@@ -153,7 +257,7 @@ class SlotSampler:
         """:meth:`sample` for a decode step over slots ``[0, len(logits))`` whose ``logits`` and ``counters`` are
         the model's static buffers: replayed as a CUDA graph when the sampler was given ``capture``."""
         batch = len(logits)
-        plan = SamplingPlan.of(self.params[:batch], self.vocab_size)
+        plan = self._plan(range(batch))
         rows = self._slot_index[:batch]
         entry = self._graphs.get((batch, plan))
         if entry is None and self._capture is not None:
@@ -170,36 +274,52 @@ class SlotSampler:
         return self._remember(rows, chosen, plan)
 
     def _remember(self, rows: torch.Tensor, chosen: torch.Tensor, plan: SamplingPlan) -> torch.Tensor:
-        """Record the chosen tokens for the repetition penalty (outside :meth:`_choose`: a capture's warm-up
-        runs must not change what the replay sees)."""
+        """Count the chosen tokens for the penalties (outside :meth:`_choose`: a capture's warm-up runs must not
+        change what the replay sees)."""
         if plan.penalised:
-            self.seen.index_put_((rows, chosen), torch.ones((), dtype=torch.bool, device=self.device))
+            self.counts.index_put_((rows, chosen), torch.ones((), dtype=torch.int32, device=self.device), True)
         return chosen
 
     def _choose(self, logits: torch.Tensor, rows: torch.Tensor, counters: torch.Tensor, plan: SamplingPlan):
-        """The device work of a sampling step: no host synchronisation and no side effect, so it can be captured."""
-        if not plan.penalised and not plan.draws:
+        """The device work of a sampling step: no host synchronisation, and no side effect but the chosen tokens'
+        log probabilities, so it can be captured."""
+        if plan.argmax_only:
             return logits.argmax(-1)
         logits = logits.float()
+        if plan.biased:
+            logits = logits + self.bias[rows]
+        if plan.draws or plan.penalised:
+            logits = logits / self.temperature[rows][:, None]
         if plan.penalised:
             logits = self._penalise(logits, rows)
+        if plan.masked:
+            logits = logits.masked_fill(self.banned[rows], float("-inf"))
         chosen = logits.argmax(-1)
         if plan.draws:
-            chosen = torch.where(self.greedy[rows], chosen, self._draw(logits, rows, counters, plan))
+            drawn, log_probs = self._draw(logits, rows, counters, plan)
+            greedy = self.greedy[rows]
+            chosen = torch.where(greedy, chosen, drawn)
+            if plan.log_probs:
+                self.chosen_log_probs.index_copy_(0, rows, log_probs.masked_fill(greedy, 0.0))
         return chosen
 
     def _penalise(self, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        penalty = self.penalty[rows][:, None]
-        scaled = torch.where(logits > 0, logits / penalty, logits * penalty)
-        return torch.where(self.seen[rows], scaled, logits)
+        counts = self.counts[rows]
+        seen = counts > 0
+        repetition = self.repetition[rows][:, None]
+        logits = torch.where(seen, torch.where(logits < 0, logits * repetition, logits / repetition), logits)
+        presence = torch.where(seen, self.presence[rows][:, None], 0.0)
+        return logits - presence - self.frequency[rows][:, None] * counts
 
     def _draw(self, logits: torch.Tensor, rows: torch.Tensor, counters: torch.Tensor, plan: SamplingPlan):
-        logits = logits / self.temperature[rows][:, None]
+        """A draw per row among its kept candidates, and the drawn token's log probability among them."""
         seeds = self.seed[rows]
         if plan.width == 0:
             # Plain temperature sampling: no candidate ranking needed.
             token_ids = torch.arange(self.vocab_size, device=self.device).expand_as(logits)
-            return (logits + _gumbel(seeds, counters, token_ids)).argmax(-1)
+            winner = (logits + _gumbel(seeds, counters, token_ids)).argmax(-1, keepdim=True)
+            log_probs = torch.log_softmax(logits, -1).gather(-1, winner).squeeze(-1) if plan.log_probs else None
+            return winner.squeeze(-1), log_probs
         if plan.width < self.vocab_size:
             values, token_ids = logits.topk(plan.width, -1)
         else:
@@ -213,4 +333,5 @@ class SlotSampler:
             before = probs.cumsum(-1) - probs
             values = values.masked_fill(before >= self.top_p[rows][:, None], float("-inf"))
         winner = (values + _gumbel(seeds, counters, token_ids)).argmax(-1, keepdim=True)
-        return token_ids.gather(-1, winner).squeeze(-1)
+        log_probs = torch.log_softmax(values, -1).gather(-1, winner).squeeze(-1) if plan.log_probs else None
+        return token_ids.gather(-1, winner).squeeze(-1), log_probs

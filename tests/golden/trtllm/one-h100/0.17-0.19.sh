@@ -1,3 +1,8 @@
+# golden: Qwen2.5-0.5B on one H100, each precision: TensorRT-LLM 0.17.0.post1, 0.18.2, 0.19.0
+# checked against: triton-inference-server/tensorrtllm_backend@v0.17.0, @v0.18.2, @v0.19.0:ci/L0_backend_trtllm/generate_engines.sh (convert_checkpoint.py in tensorrt_llm/examples/<model>/, trtllm-build flags)
+# checked against: triton-inference-server/tensorrtllm_backend@v0.17.0, @v0.19.0:docs/multimodal.md (tensorrt_llm/examples/qwen/convert_checkpoint.py; examples/quantization/quantize.py --qformat fp8 --kv_cache_dtype fp8 --calib_size 512 --tp_size)
+# checked against: NVIDIA/TensorRT-LLM:examples/models/core/qwen/convert_checkpoint.py and README.md (untagged: --use_weight_only --weight_only_precision, --int8_kv_cache, --calib_dataset; INT4-AWQ quantize.py --awq_block_size 128 --calib_size 32)
+# ---
 ## bf16
 python3 /app/tensorrt_llm/examples/qwen/convert_checkpoint.py --model_dir <checkpoint> --output_dir trtllm_checkpoint --dtype bfloat16 --tp_size 1 --pp_size 1
 trtllm-build --checkpoint_dir trtllm_checkpoint --output_dir engines --max_batch_size 64 --max_input_len 2048 --max_seq_len 3072 --max_num_tokens 16384 --max_beam_width 1 --kv_cache_type paged --gpt_attention_plugin auto --remove_input_padding enable --context_fmha enable --use_paged_context_fmha enable --multiple_profiles enable --gemm_plugin auto
@@ -14,7 +19,7 @@ trtllm-build --checkpoint_dir trtllm_checkpoint --output_dir engines --max_batch
 python3 /app/tensorrt_llm/examples/qwen/convert_checkpoint.py --model_dir <checkpoint> --output_dir trtllm_checkpoint --dtype bfloat16 --tp_size 1 --pp_size 1 --use_weight_only --weight_only_precision int4
 trtllm-build --checkpoint_dir trtllm_checkpoint --output_dir engines --max_batch_size 64 --max_input_len 2048 --max_seq_len 3072 --max_num_tokens 16384 --max_beam_width 1 --kv_cache_type paged --gpt_attention_plugin auto --remove_input_padding enable --context_fmha enable --use_paged_context_fmha enable --multiple_profiles enable --gemm_plugin auto
 ## int4_awq
-python3 /app/tensorrt_llm/examples/quantization/quantize.py --model_dir <checkpoint> --output_dir trtllm_checkpoint --dtype bfloat16 --qformat int4_awq --awq_block_size 128 --calib_size 512 --tp_size 1 --pp_size 1
+python3 /app/tensorrt_llm/examples/quantization/quantize.py --model_dir <checkpoint> --output_dir trtllm_checkpoint --dtype bfloat16 --qformat int4_awq --awq_block_size 128 --calib_size 32 --tp_size 1 --pp_size 1
 trtllm-build --checkpoint_dir trtllm_checkpoint --output_dir engines --max_batch_size 64 --max_input_len 2048 --max_seq_len 3072 --max_num_tokens 16384 --max_beam_width 1 --kv_cache_type paged --gpt_attention_plugin auto --remove_input_padding enable --context_fmha enable --use_paged_context_fmha enable --multiple_profiles enable --gemm_plugin auto
 ## int8_sq
 python3 /app/tensorrt_llm/examples/quantization/quantize.py --model_dir <checkpoint> --output_dir trtllm_checkpoint --dtype bfloat16 --qformat int8_sq --calib_size 512 --tp_size 1 --pp_size 1

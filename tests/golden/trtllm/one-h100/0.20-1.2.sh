@@ -1,20 +1,26 @@
+# golden: Qwen2.5-0.5B (TensorRT-LLM 0.20.0, 0.21.0, 1.0.0, 1.1.0, 1.2.1) and Qwen3-8B (1.2.1) on one H100, each precision
+# checked against: NVIDIA/TensorRT-LLM:docs/source/release-notes.md (0.20.0 cites examples/models/core/qwen/README.md; 0.19.0 cites flat paths)
+# checked against: triton-inference-server/tensorrtllm_backend dbae4e8 (2025-04-23, after v0.19.0):ci/L0_backend_trtllm/generate_engines.sh (tensorrt_llm/examples/models/core/gpt); TensorRT-LLM's own tags not read
+# checked against: NVIDIA/TensorRT-LLM:examples/models/core/qwen/convert_checkpoint.py and README.md (untagged: --use_weight_only --weight_only_precision, --int8_kv_cache, --calib_dataset; INT4-AWQ quantize.py --awq_block_size 128 --calib_size 32)
+# checked against: NVIDIA/TensorRT-LLM:docs/source/release-notes.md 1.0 ('Add TensorRT-Engine Qwen3 (dense) model support'), pull request 5650 (Qwen3ForCausalLM in tensorrt_llm/models/__init__.py MODEL_MAP, converted by examples/models/core/qwen/convert_checkpoint.py)
+# ---
 ## bf16
-python3 /app/tensorrt_llm/examples/qwen/convert_checkpoint.py --model_dir <checkpoint> --output_dir trtllm_checkpoint --dtype bfloat16 --tp_size 1 --pp_size 1
+python3 /app/tensorrt_llm/examples/models/core/qwen/convert_checkpoint.py --model_dir <checkpoint> --output_dir trtllm_checkpoint --dtype bfloat16 --tp_size 1 --pp_size 1
 trtllm-build --checkpoint_dir trtllm_checkpoint --output_dir engines --max_batch_size 64 --max_input_len 2048 --max_seq_len 3072 --max_num_tokens 16384 --max_beam_width 1 --kv_cache_type paged --gpt_attention_plugin auto --remove_input_padding enable --context_fmha enable --use_paged_context_fmha enable --multiple_profiles enable --gemm_plugin auto
 ## fp16
-python3 /app/tensorrt_llm/examples/qwen/convert_checkpoint.py --model_dir <checkpoint> --output_dir trtllm_checkpoint --dtype float16 --tp_size 1 --pp_size 1
+python3 /app/tensorrt_llm/examples/models/core/qwen/convert_checkpoint.py --model_dir <checkpoint> --output_dir trtllm_checkpoint --dtype float16 --tp_size 1 --pp_size 1
 trtllm-build --checkpoint_dir trtllm_checkpoint --output_dir engines --max_batch_size 64 --max_input_len 2048 --max_seq_len 3072 --max_num_tokens 16384 --max_beam_width 1 --kv_cache_type paged --gpt_attention_plugin auto --remove_input_padding enable --context_fmha enable --use_paged_context_fmha enable --multiple_profiles enable --gemm_plugin auto
 ## fp8
 python3 /app/tensorrt_llm/examples/quantization/quantize.py --model_dir <checkpoint> --output_dir trtllm_checkpoint --dtype bfloat16 --qformat fp8 --kv_cache_dtype fp8 --calib_size 512 --tp_size 1 --pp_size 1
 trtllm-build --checkpoint_dir trtllm_checkpoint --output_dir engines --max_batch_size 64 --max_input_len 2048 --max_seq_len 3072 --max_num_tokens 16384 --max_beam_width 1 --kv_cache_type paged --gpt_attention_plugin auto --remove_input_padding enable --context_fmha enable --use_paged_context_fmha enable --multiple_profiles enable --use_fp8_context_fmha enable
 ## int8_wo
-python3 /app/tensorrt_llm/examples/qwen/convert_checkpoint.py --model_dir <checkpoint> --output_dir trtllm_checkpoint --dtype bfloat16 --tp_size 1 --pp_size 1 --use_weight_only --weight_only_precision int8
+python3 /app/tensorrt_llm/examples/models/core/qwen/convert_checkpoint.py --model_dir <checkpoint> --output_dir trtllm_checkpoint --dtype bfloat16 --tp_size 1 --pp_size 1 --use_weight_only --weight_only_precision int8
 trtllm-build --checkpoint_dir trtllm_checkpoint --output_dir engines --max_batch_size 64 --max_input_len 2048 --max_seq_len 3072 --max_num_tokens 16384 --max_beam_width 1 --kv_cache_type paged --gpt_attention_plugin auto --remove_input_padding enable --context_fmha enable --use_paged_context_fmha enable --multiple_profiles enable --gemm_plugin auto
 ## int4_wo
-python3 /app/tensorrt_llm/examples/qwen/convert_checkpoint.py --model_dir <checkpoint> --output_dir trtllm_checkpoint --dtype bfloat16 --tp_size 1 --pp_size 1 --use_weight_only --weight_only_precision int4
+python3 /app/tensorrt_llm/examples/models/core/qwen/convert_checkpoint.py --model_dir <checkpoint> --output_dir trtllm_checkpoint --dtype bfloat16 --tp_size 1 --pp_size 1 --use_weight_only --weight_only_precision int4
 trtllm-build --checkpoint_dir trtllm_checkpoint --output_dir engines --max_batch_size 64 --max_input_len 2048 --max_seq_len 3072 --max_num_tokens 16384 --max_beam_width 1 --kv_cache_type paged --gpt_attention_plugin auto --remove_input_padding enable --context_fmha enable --use_paged_context_fmha enable --multiple_profiles enable --gemm_plugin auto
 ## int4_awq
-python3 /app/tensorrt_llm/examples/quantization/quantize.py --model_dir <checkpoint> --output_dir trtllm_checkpoint --dtype bfloat16 --qformat int4_awq --awq_block_size 128 --calib_size 512 --tp_size 1 --pp_size 1
+python3 /app/tensorrt_llm/examples/quantization/quantize.py --model_dir <checkpoint> --output_dir trtllm_checkpoint --dtype bfloat16 --qformat int4_awq --awq_block_size 128 --calib_size 32 --tp_size 1 --pp_size 1
 trtllm-build --checkpoint_dir trtllm_checkpoint --output_dir engines --max_batch_size 64 --max_input_len 2048 --max_seq_len 3072 --max_num_tokens 16384 --max_beam_width 1 --kv_cache_type paged --gpt_attention_plugin auto --remove_input_padding enable --context_fmha enable --use_paged_context_fmha enable --multiple_profiles enable --gemm_plugin auto
 ## int8_sq
 python3 /app/tensorrt_llm/examples/quantization/quantize.py --model_dir <checkpoint> --output_dir trtllm_checkpoint --dtype bfloat16 --qformat int8_sq --calib_size 512 --tp_size 1 --pp_size 1

@@ -67,7 +67,10 @@ class _Job:
 class _Sequence:
     """One return sequence of one prompt of a job: waiting for a slot, then running in it."""
 
-    __slots__ = ("job", "row", "index", "prompt", "limit", "slot", "tokens", "log_probs", "cum_log_prob", "logits")
+    __slots__ = (
+        "job", "row", "index", "prompt", "limit", "slot", "tokens", "log_probs", "cum_log_prob", "logits", "extras",
+        "rules",
+    )  # fmt: skip
 
     def __init__(self, job: _Job, row: int, index: int, prompt: list[int], limit: int):
         self.job = job
@@ -81,6 +84,10 @@ class _Sequence:
         #: The sum of ``log_probs``, kept as they come (a streamed piece carries it).
         self.cum_log_prob = 0.0
         self.logits: list[np.ndarray] = []
+        request = job.request
+        #: Whether each step must fetch this sequence's log probability or logits, and whether it has bans to set.
+        self.extras = request.return_log_probs or request.return_generation_logits
+        self.rules = bool(request.bad_words or request.min_tokens)
 
     @property
     def params(self) -> SamplingParams:
@@ -107,6 +114,8 @@ class _Sequence:
 
     def piece(self, logits: np.ndarray | None) -> SequenceOutput:
         """The newest token as a streamed piece (the first piece of a sequence brings the prompt's logits)."""
+        if not self.extras and len(self.tokens) > 1:  # the common case, once per token: nothing else to carry
+            return SequenceOutput(self.tokens[-1:], row=self.row, index=self.index)
         request = self.job.request
         return SequenceOutput(
             self.tokens[-1:],
@@ -160,6 +169,8 @@ class Generator:
         self._jobs: set[_Job] = set()
         self._events: list[Event] = []
         self._freed: list[int] = []
+        #: Running sequences whose steps fetch log probabilities or logits (none: the step skips the fetch).
+        self._with_extras = 0
         self._next_cancel_check = 0.0
         self._loop = threading.Thread(target=self._run, name="trtdeploy-decode", daemon=True)
         self._sender = threading.Thread(target=self._send, name="trtdeploy-send", daemon=True)
@@ -279,6 +290,7 @@ class Generator:
             self._waiting.popleft()
             sequence.slot = heapq.heappop(self._free)
             self._running[sequence.slot] = sequence
+            self._with_extras += sequence.extras
             batch.append(sequence)
             longest = widest
         if not batch:
@@ -346,7 +358,7 @@ class Generator:
             chosen = self.sampler.sample_decode(logits, self.model.positions[:batch])
             self.model.advance(batch, chosen)
             tokens = chosen.tolist()
-            extras = self._extras(sequences, logits, [sequence.slot for sequence in sequences])
+            extras = self._extras(sequences, logits, [s.slot for s in sequences]) if self._with_extras else None
         except Exception as exc:
             log.exception("decode step failed")
             for job in {sequence.job for sequence in sequences}:
@@ -354,10 +366,14 @@ class Generator:
             return
         self.steps += 1
         self.peak_batch = max(self.peak_batch, len(running))
-        for sequence, (log_prob, token_logits) in zip(sequences, extras, strict=True):
-            self._accept(sequence, tokens[sequence.slot], log_prob, token_logits)
+        if extras is None:
+            for sequence in sequences:
+                self._accept(sequence, tokens[sequence.slot])
+        else:
+            for sequence, (log_prob, token_logits) in zip(sequences, extras, strict=True):
+                self._accept(sequence, tokens[sequence.slot], log_prob, token_logits)
 
-    def _accept(self, sequence: _Sequence, token: int, log_prob: float, logits: np.ndarray | None) -> bool:
+    def _accept(self, sequence: _Sequence, token: int, log_prob: float = 0.0, logits: np.ndarray | None = None) -> bool:
         """Record a sequence's new token; True when the sequence is finished (its slot is then free)."""
         job = sequence.job
         request = job.request
@@ -365,14 +381,17 @@ class Generator:
             finished = True
         else:
             sequence.tokens.append(token)
-            sequence.log_probs.append(log_prob)
-            sequence.cum_log_prob += log_prob
-            if logits is not None:
-                sequence.logits.append(logits)
+            if sequence.extras:
+                sequence.log_probs.append(log_prob)
+                sequence.cum_log_prob += log_prob
+                if logits is not None:
+                    sequence.logits.append(logits)
             if request.streaming:
                 # a stream's first token always goes out alone: coalescing never delays the time to first token
                 self._events.append((job.sink.send_tokens, (sequence.piece(logits),), len(sequence.tokens) > 1))
-            finished = len(sequence.tokens) >= sequence.limit or sequence.ends_with_one_of(request.stop_words)
+            finished = len(sequence.tokens) >= sequence.limit or (
+                bool(request.stop_words) and sequence.ends_with_one_of(request.stop_words)
+            )
         if not finished:
             self._ban(sequence)
             return False
@@ -389,14 +408,14 @@ class Generator:
 
     def _ban(self, sequence: _Sequence) -> None:
         """Set the sampler's bans for the sequence's next token (only requests with word or length rules have any)."""
-        request = sequence.job.request
-        if request.bad_words or request.min_tokens:
+        if sequence.rules:
             self.sampler.set_bans(sequence.slot, sequence.banned())
 
     def _release(self, sequence: _Sequence) -> None:
         slot = sequence.slot
         if slot is not None and self._running.get(slot) is sequence:
             del self._running[slot]
+            self._with_extras -= sequence.extras
             heapq.heappush(self._free, slot)
             self.sampler.release(slot)
             self._freed.append(slot)

@@ -232,9 +232,12 @@ class SlotSampler:
         return [0.0 if self.params[slot].greedy else value for slot, value in zip(slots, values, strict=True)]
 
     def _plan(self, slots: list[int] | range) -> SamplingPlan:
+        params = [self.params[slot] for slot in slots]
+        if not (self._biased or self._bans or self._log_probs):  # the common case: no slot asks for any of them
+            return SamplingPlan.of(params, self.vocab_size)
         chosen = set(slots)
         return SamplingPlan.of(
-            [self.params[slot] for slot in slots],
+            params,
             self.vocab_size,
             biased=not self._biased.isdisjoint(chosen),
             masked=not chosen.isdisjoint(self._bans),

@@ -8,10 +8,11 @@ The tensors are TRT-LLM's ``tensorrt_llm`` model's (:data:`~trtdeploy.engines.co
 its semantics: ``end_id`` missing (or negative) stops at the checkpoint's end-of-sequence ids, ``end_id`` -1 never
 stops early (benchmarks use it to force exact lengths), and the end token is left out of the output;
 ``runtime_top_k`` 0 with ``runtime_top_p`` 0 (the defaults), ``temperature`` 0 or ``runtime_top_k`` 1 is greedy;
-``random_seed`` (``seed`` as TRT-LLM 0.20+ names it) defaults to 0; ``min_length`` (``min_tokens``) holds the end
-token back; ``stop_words_list``/``bad_words_list`` take TRT-LLM's ``[2, n]`` word-list layout; ``streaming`` defaults
-to on in a decoupled model; ``exclude_input_in_output`` false puts the prompt before an offline answer's ids (never
-before streamed ones); ``pad_id`` has nothing to pad (one sequence of one beam per response).
+``random_seed`` defaults to 0; ``min_length`` holds the end token back (TRT-LLM 0.20+'s C++ backend calls these
+two ``seed`` and ``min_tokens``; these models take the contract's names); ``stop_words_list``/``bad_words_list``
+take TRT-LLM's ``[2, n]`` word-list layout; ``streaming`` defaults to on in a decoupled model;
+``exclude_input_in_output`` false puts the prompt before an offline answer's ids (never before streamed ones);
+``pad_id`` has nothing to pad (one sequence of one beam per response).
 
 Responses, as TRT-LLM's backend sends them, hold one sequence each. A model that is not decoupled answers a request
 of one prompt and one sequence with one response, and refuses streaming, several prompts and several return

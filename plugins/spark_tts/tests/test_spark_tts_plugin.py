@@ -93,6 +93,7 @@ def test_rendered_configs_carry_the_settings(trtdeploy_deploy):
         ({"stream_format": "wav"}, {}, "stream_format=wav is out of range"),
         ({"chunk_overlap_seconds": "0.05"}, {}, "chunk_overlap_seconds=0.05 is not a whole number of semantic tokens"),
         ({"chunk_overlap_seconds": "0"}, {}, "stream_format=overlapped needs chunk_overlap_seconds > 0"),
+        ({"vocoder_lookahead_tokens": "-1"}, {}, "holds back 38 tokens, more than the first chunk of 25 tokens"),
         ({"max_new_tokens": "5000"}, {}, "max_new_tokens=5000 is more than --max-output-len 3000"),
         ({"max_reference_seconds": "60"}, {}, "max_reference_seconds=60 does not fit --max-input-len 2048"),
         ({}, {"max_input_len": 200}, "leaves no room for reference audio"),

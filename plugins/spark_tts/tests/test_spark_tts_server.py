@@ -147,6 +147,26 @@ def test_the_official_client_rebuilds_the_offline_audio_from_the_default_stream(
     assert np.abs(rebuilt - np.concatenate(finished)).max() < 1e-6
 
 
+@pytest.fixture(scope="module")
+def lookahead_server(trtdeploy_deploy, trtdeploy_serve):
+    """Chunks held back by the vocoder's receptive radius (38 tokens for the tiny BiCodec) before they are sent."""
+    options = {**STREAM_OPTIONS, "chunk_seconds": "1", "vocoder_lookahead_tokens": "-1"}
+    deployment = trtdeploy_deploy(
+        "spark_tts", mode="streaming", max_input_len=1024, max_output_len=400, options=options
+    )
+    return trtdeploy_serve(deployment)
+
+
+def test_with_a_lookahead_the_official_client_rebuilds_the_offline_audio_exactly(lookahead_server):
+    chunks = streamed(lookahead_server.grpc_url, tts_inputs(voice(3.0, seed=1), **SEEDED))
+    whole = offline(lookahead_server.grpc_url, "spark_tts_offline", tts_inputs(voice(3.0, seed=1), **SEEDED))
+    assert len(chunks) >= 3
+    rebuilt = official_client_audio(chunks)
+    assert rebuilt.size == whole.size == 300 * SAMPLES_PER_TOKEN
+    # every sample, seams included (float rounding of vocoder windows of other lengths aside)
+    assert np.abs(rebuilt - whole).max() <= 1e-4 * max(1.0, float(np.abs(whole).max()))
+
+
 def test_finished_chunks_play_one_after_another_as_the_offline_audio(server):
     request = tts_inputs(voice(3.0, seed=1), **SEEDED, stream_format=(b"finished", "BYTES"))
     chunks = streamed(server.grpc_url, request)

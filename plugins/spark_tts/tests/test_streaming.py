@@ -130,3 +130,20 @@ def test_overlapped_chunks_rebuild_by_the_official_rule_into_the_finished_audio(
     assert rebuilt.size == tokens * SAMPLES_PER_TOKEN
     joined = np.concatenate(finished)
     assert np.abs(rebuilt - joined).max() <= 1e-6 * np.abs(joined).max()  # the fades' float rounding
+
+
+@pytest.mark.parametrize("step", [1, 7, 64])
+def test_a_lookahead_of_the_receptive_radius_streams_the_offline_audio_exactly(step: int) -> None:
+    codes = np.random.default_rng(1).integers(0, 8192, 700)
+    schedule = ChunkSchedule(
+        first_tokens=25, growth=4.0, max_tokens=300, overlap_tokens=5, context_tokens=RADIUS, lookahead_tokens=RADIUS
+    )
+    chunks, _ = stream(codes, schedule, step)
+    offline = smoothing_vocoder(codes)
+    assert len(chunks) >= 3 and all(chunk.size >= 5 * SAMPLES_PER_TOKEN for chunk in chunks)
+    assert np.abs(np.concatenate(chunks) - offline).max() <= 1e-6 * np.abs(offline).max()
+
+
+def test_a_lookahead_must_leave_the_first_chunk_an_overlap() -> None:
+    with pytest.raises(ValueError, match="a lookahead of 30 tokens needs a first chunk of at least 35 tokens"):
+        ChunkSchedule(first_tokens=25, overlap_tokens=5, lookahead_tokens=30)

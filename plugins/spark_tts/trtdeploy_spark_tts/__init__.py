@@ -61,6 +61,9 @@ class SparkOptions:
     stream_format: str = "overlapped"
     #: Streaming: tokens before a chunk re-read by the vocoder; -1: the vocoder's receptive radius.
     vocoder_context_tokens: int = -1
+    #: Streaming: tokens at the end of each chunk held back for the next vocoder call, which sees their future; -1:
+    #: the receptive radius (the stream is then the offline audio exactly, that many tokens later); 0: cross-fade.
+    vocoder_lookahead_tokens: int = 0
     #: Instances of the BLS entry (each serves one request at a time); 0: --max-batch-size.
     bls_instances: int = 0
     tokenizer_instances: int = 1
@@ -80,6 +83,7 @@ class SparkOptions:
             "chunk_overlap_seconds": 0 <= 2 * self.chunk_overlap_seconds <= self.chunk_seconds,
             "stream_format": self.stream_format in STREAM_FORMATS,
             "vocoder_context_tokens": self.vocoder_context_tokens >= -1,
+            "vocoder_lookahead_tokens": self.vocoder_lookahead_tokens >= -1,
             "bls_instances": self.bls_instances >= 0,
             "tokenizer_instances": self.tokenizer_instances >= 1,
             "vocoder_instances": self.vocoder_instances >= 1,
@@ -168,6 +172,7 @@ class SparkTTS(ModelSpec):
             )
         options["max_new_tokens"] = options["max_new_tokens"] or point.max_output_len
         options["bls_instances"] = options["bls_instances"] or point.max_batch_size
+        _check_lookahead(options, ctx.checkpoint_dir / "BiCodec" / "config.yaml")
         return options
 
     def notes(self, ctx: BuildContext) -> list[str]:
@@ -227,6 +232,23 @@ class SparkTTS(ModelSpec):
             sample_rate=SAMPLE_RATE,
             tokens_per_second=TOKENS_PER_SECOND,
             chunk_overlap_samples=round(options["chunk_overlap_seconds"] * SAMPLE_RATE) if overlapped else 0,
+        )
+
+
+def _check_lookahead(options: dict[str, Any], bicodec_config: Path) -> None:
+    """A lookahead leaves the first chunk a whole overlap to send (the receptive radius is known once downloaded)."""
+    lookahead = options["vocoder_lookahead_tokens"]
+    if lookahead < 0 and bicodec_config.is_file():
+        from .bicodec import BiCodecConfig, vocoder_receptive_radius
+
+        lookahead = vocoder_receptive_radius(BiCodecConfig.from_yaml(bicodec_config))
+    first = round(options["chunk_seconds"] * TOKENS_PER_SECOND)
+    needed = lookahead + round(options["chunk_overlap_seconds"] * TOKENS_PER_SECOND)
+    if lookahead > 0 and first < needed:
+        raise UsageError(
+            f"-o vocoder_lookahead_tokens holds back {lookahead} tokens, more than the first chunk of "
+            f"{first} tokens leaves room for",
+            hint=f"set -o chunk_seconds={needed / TOKENS_PER_SECOND:g} or more",
         )
 
 

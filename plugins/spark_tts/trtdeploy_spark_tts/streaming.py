@@ -9,7 +9,10 @@ The audio is finished on the server (:class:`AudioStream`):
   is what whole-utterance vocoding gives (the vocoder is convolutional: only tokens within its receptive radius
   change a sample);
 * the last ``overlap_tokens`` of a chunk are held back and cross-faded (linearly) with the next call's version of
-  the same tokens, which saw more of the future: no click at the seam.
+  the same tokens, which saw more of the future: no click at the seam;
+* or, with ``lookahead_tokens`` (at least the vocoder's receptive radius), the last ``lookahead_tokens`` of a chunk
+  are held back and replaced by the next call's version: every sample sent saw all the tokens that change it, so
+  the stream is the offline audio exactly, at the price of that many tokens of latency per chunk.
 
 Finished audio always has ``320 x`` the tokens received, as offline. It goes on the wire in one of two formats:
 
@@ -46,6 +49,7 @@ class ChunkSchedule:
     max_tokens: int = 1500
     overlap_tokens: int = 5
     context_tokens: int = 48
+    lookahead_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.first_tokens < 1 or self.max_tokens < self.first_tokens:
@@ -57,6 +61,17 @@ class ChunkSchedule:
             raise ValueError(f"overlap must be >= 0 and at most half the first chunk ({self.first_tokens} tokens)")
         if self.context_tokens < 0:
             raise ValueError(f"context must be >= 0 tokens, got {self.context_tokens}")
+        if self.lookahead_tokens and self.first_tokens < self.lookahead_tokens + self.overlap_tokens:
+            # the first chunk must still send a whole overlap once the lookahead is held back
+            raise ValueError(
+                f"a lookahead of {self.lookahead_tokens} tokens needs a first chunk of at least "
+                f"{self.lookahead_tokens + self.overlap_tokens} tokens (lookahead + overlap), not {self.first_tokens}"
+            )
+
+    @property
+    def held_tokens(self) -> int:
+        """Tokens at the end of each vocoded window whose audio waits for the next window."""
+        return max(self.overlap_tokens, self.lookahead_tokens)
 
 
 class AudioStream:
@@ -98,10 +113,10 @@ class AudioStream:
         start = max(0, self.sent_tokens - self.schedule.context_tokens)
         audio = np.asarray(self.vocode(np.asarray(self.codes[start:end], dtype=np.int32)), dtype=np.float32)
         audio = audio.reshape(-1)[(self.sent_tokens - start) * SAMPLES_PER_TOKEN :]
-        if self.held.size:
+        if self.held.size and not self.schedule.lookahead_tokens:  # with a lookahead the new version is final
             audio = audio.copy()
             audio[: self.held.size] = crossfade(self.held, audio[: self.held.size])
-        keep = 0 if final else min(self.schedule.overlap_tokens, end - self.sent_tokens)
+        keep = 0 if final else min(self.schedule.held_tokens, end - self.sent_tokens)
         cut = audio.size - keep * SAMPLES_PER_TOKEN
         self.held = audio[cut:]
         self.sent_tokens = end - keep

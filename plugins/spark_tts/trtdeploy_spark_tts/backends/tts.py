@@ -98,18 +98,19 @@ class TritonPythonModel:
             "repetition_penalty": params.float("repetition_penalty"),
         }
         self.codec = PromptCodec.load(params.str("llm_tokenizer_dir"))
-        context = params.int("vocoder_context_tokens")
-        if context < 0:  # auto: the vocoder's receptive radius, so a chunk starts as whole-utterance audio would
+        context, lookahead = params.int("vocoder_context_tokens"), params.int("vocoder_lookahead_tokens")
+        if min(context, lookahead) < 0:  # auto: the vocoder's receptive radius (the audio then is whole-utterance's)
             from trtdeploy_spark_tts.bicodec import BiCodecConfig, vocoder_receptive_radius
 
-            config = BiCodecConfig.from_yaml(f"{params.str('bicodec_dir')}/config.yaml")
-            context = vocoder_receptive_radius(config)
+            radius = vocoder_receptive_radius(BiCodecConfig.from_yaml(f"{params.str('bicodec_dir')}/config.yaml"))
+            context, lookahead = (radius if value < 0 else value for value in (context, lookahead))
         self.schedule = ChunkSchedule(
             first_tokens=round(params.float("chunk_seconds") * TOKENS_PER_SECOND),
             growth=params.float("chunk_growth"),
             max_tokens=round(params.float("max_chunk_seconds") * TOKENS_PER_SECOND),
             overlap_tokens=round(params.float("chunk_overlap_seconds") * TOKENS_PER_SECOND),
             context_tokens=context,
+            lookahead_tokens=lookahead,
         )
         self.overlap_samples = self.schedule.overlap_tokens * SAMPLES_PER_TOKEN
 

@@ -109,7 +109,8 @@ class AudioStream:
         return rest if rest.size else None
 
     def _render(self, end: int, *, final: bool) -> np.ndarray:
-        """Vocode up to token ``end``; return the audio from ``sent_tokens`` on, holding back the overlap."""
+        """Vocode up to token ``end``; return the audio from ``sent_tokens`` on, holding back the last
+        :attr:`~ChunkSchedule.held_tokens` tokens for the next call (all of it is returned when ``final``)."""
         start = max(0, self.sent_tokens - self.schedule.context_tokens)
         audio = np.asarray(self.vocode(np.asarray(self.codes[start:end], dtype=np.int32)), dtype=np.float32)
         audio = audio.reshape(-1)[(self.sent_tokens - start) * SAMPLES_PER_TOKEN :]

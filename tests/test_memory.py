@@ -24,6 +24,35 @@ def test_a_72b_model_needs_several_gpus_in_16_bits_and_fits_eight_in_fp8():
     assert eight.kv_cache == pytest.approx(16 * 3072 * 2 * 40 * 2 * 128 / 2**30)
 
 
+#: Qwen3-30B-A3B's config.json (the sizes that matter): 128 experts of width 768, 8 of them active per token.
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "tie_word_embeddings": False,
+}
+
+
+def test_a_mixture_of_experts_is_sized_by_its_expert_width():
+    assert ModelShape.from_config(QWEN3_30B_A3B).params / 1e9 == pytest.approx(30.5, rel=0.01)
+
+
+def test_an_8_bit_kv_cache_takes_half_the_memory_of_a_16_bit_one():
+    shape = ModelShape.from_config(QWEN25_05B)
+    point = {"max_batch_size": 64, "max_seq_len": 4096, "max_num_tokens": 8192, "memory_gib": 80}
+    sixteen = estimate(shape, precision="bf16", **point)
+    for dtype in ("int8", "fp8"):
+        assert estimate(shape, precision="bf16", kv_cache_dtype=dtype, **point).kv_cache == sixteen.kv_cache / 2
+
+
 def test_read_returns_none_without_a_config(tmp_path):
     assert ModelShape.read(tmp_path) is None
     (tmp_path / "config.json").write_text(json.dumps(QWEN25_05B))

@@ -205,6 +205,19 @@ def test_auto_engine_is_the_usable_one_of_highest_rank(monkeypatch, missing, pic
     assert get_engine("auto").name == picked
 
 
+def test_auto_engine_on_the_cpu_skips_the_engines_that_build_for_a_gpu(monkeypatch, qwen_checkpoint, tmp_path):
+    """Inside an image where TensorRT-LLM is installed, --gpu cpu still gets the engine that runs there."""
+    from trtdeploy.build import BuildRequest, plan
+    from trtdeploy.plugins import get_engine, get_engines
+
+    for engine in get_engines().values():
+        monkeypatch.setattr(type(engine), "unavailable_reason", lambda self: None)
+    assert get_engine("auto").name == "trtllm"
+    assert get_engine("auto", on_cpu=True).name == "torch"
+    request = BuildRequest(model="qwen_llm", model_dir=qwen_checkpoint, gpu="cpu", output_root=tmp_path)
+    assert plan(request).engine.name == "torch"
+
+
 def test_auto_engine_says_why_no_engine_is_usable(monkeypatch):
     from trtdeploy.plugins import get_engine, get_engines
 

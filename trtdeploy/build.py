@@ -138,7 +138,8 @@ def plan(request: BuildRequest, *, dry_run: bool = False) -> Plan:
     A dry run plans for any machine: the engine need not be installed here.
     """
     spec = plugins.get_model(request.model)
-    engine = plugins.get_engine(request.engine)
+    selection = gpus.resolve(request.gpu)
+    engine = plugins.get_engine(request.engine, on_cpu=selection.profile is None)
     reason = engine.unavailable_reason()
     if reason and not dry_run:
         raise UsageError(f"engine {engine.name!r} is not usable here: {reason}", hint="--dry-run shows its plan")
@@ -146,7 +147,6 @@ def plan(request: BuildRequest, *, dry_run: bool = False) -> Plan:
         raise UsageError(f"model {spec.name!r} has no {request.mode!r} mode", hint=f"modes: {', '.join(spec.modes)}")
     if request.mode not in MODES:
         raise UsageError(f"unknown mode {request.mode!r}", hint=f"modes: {', '.join(MODES)}")
-    selection = gpus.resolve(request.gpu)
     profile = selection.profile
     defaults = profile.defaults if profile else None
     max_batch_size = request.max_batch_size
@@ -286,6 +286,7 @@ def memory_estimate(context: BuildContext) -> MemoryEstimate | None:
         memory_gib=profile.memory_gib,
         tp=point.tp,
         pp=point.pp,
+        kv_cache_dtype=point.kv_cache_dtype,
     )
 
 

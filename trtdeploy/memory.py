@@ -53,6 +53,10 @@ class ModelShape:
     vocab_size: int
     tied_embeddings: bool
     num_experts: int = 1
+    #: A mixture of experts' per-expert MLP width (``moe_intermediate_size``; 0: ``intermediate_size``) and its
+    #: shared expert's (Qwen2-MoE's ``shared_expert_intermediate_size``; 0: none).
+    expert_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
 
     @classmethod
     def from_config(cls, config: dict) -> ModelShape:
@@ -69,6 +73,8 @@ class ModelShape:
             vocab_size=text["vocab_size"],
             tied_embeddings=bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
             num_experts=text.get("num_experts") or text.get("num_local_experts") or 1,
+            expert_intermediate_size=text.get("moe_intermediate_size") or 0,
+            shared_expert_intermediate_size=text.get("shared_expert_intermediate_size") or 0,
         )
 
     @classmethod
@@ -84,7 +90,8 @@ class ModelShape:
     def block_params(self) -> int:
         """Weights of the transformer blocks (attention and MLP; norms are negligible)."""
         attention = self.hidden_size * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
-        mlp = 3 * self.hidden_size * self.intermediate_size * self.num_experts
+        expert = self.expert_intermediate_size or self.intermediate_size
+        mlp = 3 * self.hidden_size * (expert * self.num_experts + self.shared_expert_intermediate_size)
         return self.num_layers * (attention + mlp)
 
     @property
@@ -122,11 +129,15 @@ class MemoryEstimate:
         )
 
 
-def kv_bytes_per_token(shape: ModelShape, precision: str, tp: int = 1, pp: int = 1) -> float:
-    """KV-cache bytes one token takes on one GPU (heads split by TP, at least one per rank; layers by PP)."""
+def kv_bytes_per_token(
+    shape: ModelShape, precision: str, tp: int = 1, pp: int = 1, kv_cache_dtype: str | None = None
+) -> float:
+    """KV-cache bytes one token takes on one GPU (heads split by TP, at least one per rank; layers by PP), in
+    ``kv_cache_dtype`` (fp8, int8) or else the precision's KV type."""
     kv_heads = max(1, -(-shape.num_kv_heads // tp))
     layers = -(-shape.num_layers // pp)
-    return 2 * layers * kv_heads * shape.head_dim * KV_BYTES.get(precision, 2)
+    element = 1 if kv_cache_dtype in ("fp8", "int8") else KV_BYTES.get(precision, 2)
+    return 2 * layers * kv_heads * shape.head_dim * element
 
 
 def estimate(
@@ -139,10 +150,11 @@ def estimate(
     memory_gib: float,
     tp: int = 1,
     pp: int = 1,
+    kv_cache_dtype: str | None = None,
 ) -> MemoryEstimate:
     """Memory per GPU for every sequence of the batch at full length, and the activations of one engine step."""
     weights = (shape.block_params * WEIGHT_BYTES[precision] / (tp * pp) + shape.embedding_params * 2 / tp) / GIB
-    kv_cache = max_batch_size * max_seq_len * kv_bytes_per_token(shape, precision, tp, pp) / GIB
+    kv_cache = max_batch_size * max_seq_len * kv_bytes_per_token(shape, precision, tp, pp, kv_cache_dtype) / GIB
     # hidden states, fused QKV and the MLP's intermediate activations of one step's tokens, in 16 bits
     width = 4 * shape.hidden_size + 2 * shape.intermediate_size // tp
     activations = max_num_tokens * width * 2 / GIB

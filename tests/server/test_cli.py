@@ -59,11 +59,17 @@ def test_foreground_serve_stops_cleanly_on_a_signal(
         info = json.loads(state_file.read_text())
         assert info["background"] is False and info["entry_model"] == "echo"
         assert _ready(ports[0])
+        banner = []  # the whole banner is out before the signal (the server is recorded before it is printed)
+        for line in proc.stdout:
+            banner.append(line)
+            if line.split()[:1] == ["log"]:
+                break
         proc.send_signal(sig)
-        stdout, stderr = proc.communicate(timeout=60)
+        rest, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
+    stdout = "".join(banner) + rest
     assert proc.returncode == 0, stderr
     assert f"127.0.0.1:{ports[1]}" in stdout and "echo" in stdout and info["log_file"] in stdout
     assert "tritonserver stopped" in stderr

@@ -54,6 +54,8 @@ class Engine(ABC):
     #: segments (the prompt plus what was said) with one seed draws the tokens one call would. Otherwise each
     #: request restarts its seed's noise sequence, and a model asking in segments must vary the seed per segment.
     noise_keyed_by_position: ClassVar[bool] = False
+    #: Whether the engine builds and serves on the CPU (``--gpu cpu``); ``--engine auto`` skips the others there.
+    runs_on_cpu: ClassVar[bool] = False
     #: The optional build settings this engine honours (names of :data:`trtdeploy.build.ENGINE_OPTION_FLAGS`).
     build_options: ClassVar[frozenset[str]] = frozenset()
 

@@ -46,6 +46,7 @@ class TorchEngine(Engine):
     description = "trtdeploy's own PyTorch continuous-batching model (Qwen2/Qwen3/Llama), CPU or one GPU"
     precisions = ("fp32", "fp16", "bf16")
     templates_dir = PYTHON_TEMPLATES
+    runs_on_cpu = True
     noise_keyed_by_position = True  # a counter-based hash of (seed, position, token): see runtime/sampling.py
 
     def unavailable_reason(self) -> str | None:

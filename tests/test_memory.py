@@ -6,7 +6,7 @@ import pytest
 
 from trtdeploy.memory import ModelShape, estimate
 
-from .engines.trtllm_helpers import QWEN2_72B, QWEN25_05B
+from .engines.trtllm_helpers import QWEN2_72B, QWEN3_30B_A3B, QWEN25_05B
 
 
 @pytest.mark.parametrize(("config", "billions"), [(QWEN2_72B, 72.7), (QWEN25_05B, 0.494)])
@@ -22,23 +22,6 @@ def test_a_72b_model_needs_several_gpus_in_16_bits_and_fits_eight_in_fp8():
     assert eight.fits and 8 < eight.weights < 10  # the 16-bit embedding and LM head are split by TP only
     # the KV cache: 80 layers x 8 KV heads x 128 x K and V in fp8, split over 4 x 2 GPUs
     assert eight.kv_cache == pytest.approx(16 * 3072 * 2 * 40 * 2 * 128 / 2**30)
-
-
-#: Qwen3-30B-A3B's config.json (the sizes that matter): 128 experts of width 768, 8 of them active per token.
-QWEN3_30B_A3B = {
-    "architectures": ["Qwen3MoeForCausalLM"],
-    "hidden_size": 2048,
-    "intermediate_size": 6144,
-    "moe_intermediate_size": 768,
-    "num_experts": 128,
-    "num_experts_per_tok": 8,
-    "num_hidden_layers": 48,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 4,
-    "head_dim": 128,
-    "vocab_size": 151936,
-    "tie_word_embeddings": False,
-}
 
 
 def test_a_mixture_of_experts_is_sized_by_its_expert_width():

@@ -6,7 +6,7 @@ import pytest
 
 from trtdeploy.memory import ModelShape, estimate
 
-from .engines.trtllm_helpers import QWEN2_72B, QWEN3_30B_A3B, QWEN25_05B
+from .engines.trtllm_helpers import QWEN2_72B, QWEN3_30B_A3B, QWEN25_05B, WHISPER_LARGE_V3
 
 
 @pytest.mark.parametrize(("config", "billions"), [(QWEN2_72B, 72.7), (QWEN25_05B, 0.494)])
@@ -34,6 +34,16 @@ def test_an_8_bit_kv_cache_takes_half_the_memory_of_a_16_bit_one():
     sixteen = estimate(shape, precision="bf16", **point)
     for dtype in ("int8", "fp8"):
         assert estimate(shape, precision="bf16", kv_cache_dtype=dtype, **point).kv_cache == sixteen.kv_cache / 2
+
+
+def test_whisper_is_sized_with_its_encoder_and_a_cross_attention_cache_per_sequence():
+    shape = ModelShape.from_config(WHISPER_LARGE_V3)
+    assert shape.params / 1e9 == pytest.approx(1.55, rel=0.01)  # encoder and decoder
+    point = {"max_batch_size": 64, "max_seq_len": 448, "max_num_tokens": 8192, "memory_gib": 24}  # an L4
+    found = estimate(shape, precision="fp16", **point)
+    # 32 decoder layers' K and V of 1280 in 16 bits, for its own 448 tokens and the 1500 encoder frames
+    assert found.kv_cache == pytest.approx(64 * (448 + 1500) * 2 * 32 * 1280 * 2 / 2**30)
+    assert not found.fits and estimate(shape, precision="fp16", **{**point, "max_batch_size": 16}).fits
 
 
 def test_read_returns_none_without_a_config(tmp_path):

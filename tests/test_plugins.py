@@ -218,6 +218,17 @@ def test_auto_engine_on_the_cpu_skips_the_engines_that_build_for_a_gpu(monkeypat
     assert plan(request).engine.name == "torch"
 
 
+def test_auto_engine_for_an_encoder_decoder_model_skips_the_engines_that_serve_none(monkeypatch):
+    """With TensorRT-LLM installed but no trtllm-build, a Whisper build gets the torch engine, not trtllm_pytorch."""
+    from trtdeploy.plugins import get_engine, get_engines
+
+    for name, engine in get_engines().items():
+        reason = "trtllm-build is not on PATH" if name == "trtllm" else None
+        monkeypatch.setattr(type(engine), "unavailable_reason", lambda self, reason=reason: reason)
+    assert get_engine("auto").name == "trtllm_pytorch"
+    assert get_engine("auto", encoder_decoder=True).name == "torch"
+
+
 def test_auto_engine_says_why_no_engine_is_usable(monkeypatch):
     from trtdeploy.plugins import get_engine, get_engines
 

@@ -139,7 +139,7 @@ def plan(request: BuildRequest, *, dry_run: bool = False) -> Plan:
     """
     spec = plugins.get_model(request.model)
     selection = gpus.resolve(request.gpu)
-    engine = plugins.get_engine(request.engine, on_cpu=selection.profile is None)
+    engine = plugins.get_engine(request.engine, on_cpu=selection.profile is None, encoder_decoder=spec.encoder_decoder)
     reason = engine.unavailable_reason()
     if reason and not dry_run:
         raise UsageError(f"engine {engine.name!r} is not usable here: {reason}", hint="--dry-run shows its plan")
@@ -160,7 +160,8 @@ def plan(request: BuildRequest, *, dry_run: bool = False) -> Plan:
         if value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}")
     device = "cpu" if profile is None else "cuda"
-    precision = request.precision or engine.default_precision(device)
+    default = engine.default_encoder_decoder_precision if spec.encoder_decoder else engine.default_precision
+    precision = request.precision or default(device)
     if precision not in engine.precisions:
         raise UsageError(
             f"engine {engine.name!r} cannot build precision {precision!r}",
@@ -316,6 +317,7 @@ def _assemble(
         context,
         llm_input_names=engine.input_names(context),
         llm_noise_keyed_by_position=engine.noise_keyed_by_position,
+        encoder_features_dtype=engine.encoder_features_dtype(context),
     )
     notes = _memory_notes(context)
     variables = {"ctx": context, "engine": engine.template_context(context), "model": spec.template_context(context)}

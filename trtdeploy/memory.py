@@ -29,6 +29,9 @@ KV_BYTES = {"fp32": 4, "fp8": 1}
 RUNTIME_OVERHEAD_GIB = 1.5
 #: Share of a GPU's memory a process can count on (the driver and other processes keep the rest).
 USABLE_SHARE = 0.95
+#: Inputs an encoder-decoder engine encodes at once: the torch engine's batch (bounding its activations at
+#: admission), and what the estimate counts for TensorRT-LLM's too.
+ENCODER_BATCH = 16
 
 
 def read_config(model_dir: Path) -> dict | None:
@@ -57,9 +60,17 @@ class ModelShape:
     #: shared expert's (Qwen2-MoE's ``shared_expert_intermediate_size``; 0: none).
     expert_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
+    #: Weight matrices of the MLP: 3 (gated: gate, up, down) or 2 (Whisper's fc1, fc2).
+    mlp_matrices: int = 3
+    #: Weights outside the decoder blocks and embeddings (an encoder, cross-attention projections).
+    extra_params: int = 0
+    #: Encoder frames each sequence keeps in a cross-attention KV cache (Whisper: 1500), beside its own tokens.
+    cross_tokens: int = 0
 
     @classmethod
     def from_config(cls, config: dict) -> ModelShape:
+        if config.get("model_type") == "whisper":
+            return cls.from_whisper_config(config)
         text = config.get("text_config", config)  # multimodal configs nest the LLM's
         heads = text["num_attention_heads"]
         hidden = text["hidden_size"]
@@ -78,6 +89,31 @@ class ModelShape:
         )
 
     @classmethod
+    def from_whisper_config(cls, config: dict) -> ModelShape:
+        """Whisper: the decoder's blocks (2-matrix MLPs) with its cross-attention and the whole encoder as extra
+        weights, and a cross-attention cache of the encoder's frames per sequence."""
+        hidden = config["d_model"]
+        heads = config["decoder_attention_heads"]
+        decoder_layers, encoder_layers = config["decoder_layers"], config["encoder_layers"]
+        frames = config.get("max_source_positions", 1500)
+        encoder = encoder_layers * (4 * hidden * hidden + 2 * hidden * config["encoder_ffn_dim"])
+        convolutions = 3 * hidden * (config.get("num_mel_bins", 80) + hidden)
+        positions = hidden * (frames + config.get("max_target_positions", 448))
+        return cls(
+            hidden_size=hidden,
+            intermediate_size=config["decoder_ffn_dim"],
+            num_layers=decoder_layers,
+            num_heads=heads,
+            num_kv_heads=heads,
+            head_dim=hidden // heads,
+            vocab_size=config["vocab_size"],
+            tied_embeddings=True,
+            mlp_matrices=2,
+            extra_params=encoder + convolutions + positions + decoder_layers * 4 * hidden * hidden,
+            cross_tokens=frames,
+        )
+
+    @classmethod
     def read(cls, model_dir: Path) -> ModelShape | None:
         """The shape of the checkpoint in ``model_dir``, or None when it has no readable config.json."""
         config = read_config(model_dir)
@@ -91,8 +127,8 @@ class ModelShape:
         """Weights of the transformer blocks (attention and MLP; norms are negligible)."""
         attention = self.hidden_size * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
         expert = self.expert_intermediate_size or self.intermediate_size
-        mlp = 3 * self.hidden_size * (expert * self.num_experts + self.shared_expert_intermediate_size)
-        return self.num_layers * (attention + mlp)
+        mlp = self.mlp_matrices * self.hidden_size * (expert * self.num_experts + self.shared_expert_intermediate_size)
+        return self.num_layers * (attention + mlp) + self.extra_params
 
     @property
     def embedding_params(self) -> int:
@@ -154,8 +190,11 @@ def estimate(
 ) -> MemoryEstimate:
     """Memory per GPU for every sequence of the batch at full length, and the activations of one engine step."""
     weights = (shape.block_params * WEIGHT_BYTES[precision] / (tp * pp) + shape.embedding_params * 2 / tp) / GIB
-    kv_cache = max_batch_size * max_seq_len * kv_bytes_per_token(shape, precision, tp, pp, kv_cache_dtype) / GIB
-    # hidden states, fused QKV and the MLP's intermediate activations of one step's tokens, in 16 bits
+    tokens = max_seq_len + shape.cross_tokens
+    kv_cache = max_batch_size * tokens * kv_bytes_per_token(shape, precision, tp, pp, kv_cache_dtype) / GIB
+    # hidden states, fused QKV and the MLP's intermediate activations of one step's tokens, in 16 bits (an
+    # encoder's step: the frames of up to ENCODER_BATCH inputs)
     width = 4 * shape.hidden_size + 2 * shape.intermediate_size // tp
-    activations = max_num_tokens * width * 2 / GIB
+    step_tokens = max(max_num_tokens, shape.cross_tokens * min(max_batch_size, ENCODER_BATCH))
+    activations = step_tokens * width * 2 / GIB
     return MemoryEstimate(weights, kv_cache, activations, RUNTIME_OVERHEAD_GIB, memory_gib * USABLE_SHARE)

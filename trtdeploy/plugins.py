@@ -166,20 +166,25 @@ def get_model(name: str) -> ModelSpec:
     return _lookup(get_models(), "model", name)
 
 
-def get_engine(name: str, *, on_cpu: bool = False) -> Engine:
+def get_engine(name: str, *, on_cpu: bool = False, encoder_decoder: bool = False) -> Engine:
     """The engine called ``name``; ``auto``: the usable one of highest rank (see :attr:`Engine.rank`) that runs on
-    the CPU when ``on_cpu``."""
+    the CPU when ``on_cpu`` and serves encoder-decoder models when ``encoder_decoder``."""
     if name == AUTO_ENGINE:
-        return best_engine(on_cpu=on_cpu)
+        return best_engine(on_cpu=on_cpu, encoder_decoder=encoder_decoder)
     return _lookup(get_engines(), "engine", name)
 
 
-def best_engine(*, on_cpu: bool = False) -> Engine:
+def best_engine(*, on_cpu: bool = False, encoder_decoder: bool = False) -> Engine:
     """The usable engine of highest rank (UsageError listing why each is unusable when none is)."""
     engines = sorted(get_engines().values(), key=lambda engine: -engine.rank)
     reasons = []
     for engine in engines:
-        reason = "builds for a GPU only" if on_cpu and not engine.runs_on_cpu else engine.unavailable_reason()
+        if on_cpu and not engine.runs_on_cpu:
+            reason = "builds for a GPU only"
+        elif encoder_decoder and not engine.serves_encoder_decoder:
+            reason = "serves no encoder-decoder model"
+        else:
+            reason = engine.unavailable_reason()
         if reason is None:
             return engine
         reasons.append(f"{engine.name}: {reason}")

@@ -123,6 +123,9 @@ class BuildContext:
     llm_streams: bool = True
     #: The model's :attr:`ModelSpec.encoder_decoder`.
     encoder_decoder: bool = False
+    #: The Triton data type of the LLM's ``encoder_input_features`` (the engine's
+    #: :meth:`~trtdeploy.engines.base.Engine.encoder_features_dtype`).
+    encoder_features_dtype: str = "TYPE_FP16"
     #: The GPU the build targets (None on the CPU) and how many of them the host has (None: not known).
     gpu_profile: GpuProfile | None = None
     gpu_count: int | None = None

@@ -44,3 +44,32 @@ def write_tiny_model(dest: Path, architecture: str = "qwen2", seed: int = 0, **o
                 param.normal_(0.0, 0.15)
     model.save_pretrained(dest)
     return dest
+
+
+TINY_WHISPER: dict[str, Any] = {
+    "vocab_size": 51865,
+    "d_model": 64,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 128,
+    "decoder_ffn_dim": 128,
+    "num_mel_bins": 80,
+    "max_source_positions": 1500,
+    "max_target_positions": 448,
+}
+
+
+def write_tiny_whisper(dest: Path, seed: int = 0, **overrides: Any) -> Path:
+    """Write a random-weight ``WhisperForConditionalGeneration`` with ``save_pretrained``."""
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    torch.manual_seed(seed)
+    model = WhisperForConditionalGeneration(WhisperConfig(**{**TINY_WHISPER, **overrides}))
+    with torch.no_grad():  # spread-out logits, as in write_tiny_model; the sinusoidal encoder positions stay
+        for name, param in model.named_parameters():
+            if param.dim() > 1 and name != "model.encoder.embed_positions.weight":
+                param.normal_(0.0, 0.15)
+    model.save_pretrained(dest)
+    return dest

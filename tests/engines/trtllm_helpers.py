@@ -154,3 +154,20 @@ def check_golden(name: str, text: str) -> None:
 
 #: Spark-TTS-0.5B's LLM/: Qwen2.5-0.5B with the BiCodec tokens added to its vocabulary.
 SPARK_LLM = {**QWEN25_05B, "vocab_size": 166000}
+
+
+#: openai/whisper-large-v3's config.json sizes (large-v3-turbo differs in its 4 decoder layers).
+WHISPER_LARGE_V3 = {
+    "model_type": "whisper",
+    "num_mel_bins": 128,
+    "d_model": 1280,
+    "encoder_layers": 32,
+    "decoder_layers": 32,
+    "encoder_attention_heads": 20,
+    "decoder_attention_heads": 20,
+    "encoder_ffn_dim": 5120,
+    "decoder_ffn_dim": 5120,
+    "vocab_size": 51866,
+    "max_source_positions": 1500,
+    "max_target_positions": 448,
+}

@@ -56,6 +56,8 @@ class Engine(ABC):
     noise_keyed_by_position: ClassVar[bool] = False
     #: Whether the engine builds and serves on the CPU (``--gpu cpu``); ``--engine auto`` skips the others there.
     runs_on_cpu: ClassVar[bool] = False
+    #: Whether the engine serves encoder-decoder models (Whisper); ``--engine auto`` skips the others for them.
+    serves_encoder_decoder: ClassVar[bool] = True
     #: The optional build settings this engine honours (names of :data:`trtdeploy.build.ENGINE_OPTION_FLAGS`).
     build_options: ClassVar[frozenset[str]] = frozenset()
 
@@ -66,6 +68,10 @@ class Engine(ABC):
     @abstractmethod
     def default_precision(self, device: str) -> str:
         """The precision used when ``--precision`` is not given, for ``cpu`` or ``cuda``."""
+
+    def default_encoder_decoder_precision(self, device: str) -> str:
+        """:meth:`default_precision` for an encoder-decoder model (Whisper), where an engine supports fewer."""
+        return self.default_precision(device)
 
     def validate(self, ctx: BuildContext) -> None:  # noqa: B027 (optional hook: most engines accept every point)
         """Reject a point this engine cannot build, before anything runs (raise UsageError)."""
@@ -94,6 +100,11 @@ class Engine(ABC):
     def input_names(self, ctx: BuildContext) -> dict[str, str]:
         """LLM-contract inputs this engine's model names differently (contract name -> its name)."""
         return {}
+
+    def encoder_features_dtype(self, ctx: BuildContext) -> str:
+        """The Triton data type of an encoder-decoder model's ``encoder_input_features`` (Whisper's log-mel
+        features), which the models in front of it send (TensorRT-LLM's engines take fp16)."""
+        return "TYPE_FP16"
 
     def notes(self, ctx: BuildContext) -> list[str]:
         """Lines for the plan: each choice that departs from the toolkit's defaults and why, and what is uncertain."""

@@ -8,15 +8,16 @@ The tensors are those of TensorRT-LLM's ``tensorrt_llm`` model (tensorrtllm_back
 checked against v0.19.0's ``tensorrt_llm/1/model.py`` and ``inflight_batcher_llm/src/model_instance_state.cc``),
 under the names before TensorRT-LLM 0.20 renamed ``random_seed``/``min_length`` to ``seed``/``min_tokens`` (the
 trtllm engine maps them to its release's names). :data:`INPUTS` and :data:`OUTPUTS` are what the python models of
-the torch and trtllm_pytorch engines declare. A generator honours each input or refuses the request with
-one line naming it (:func:`refusal`); it never ignores one.
+the torch and trtllm_pytorch engines declare; an encoder-decoder model (Whisper) declares
+:func:`encoder_decoder_inputs`, TensorRT-LLM's encoder-decoder inputs beside them. A generator honours each input or
+refuses the request with one line naming it (:func:`refusal`); it never ignores one.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -70,6 +71,24 @@ INPUTS: tuple[Tensor, ...] = (
     Tensor("bad_words_list", "TYPE_INT32", (2, -1), ragged=True),
     Tensor("embedding_bias", "TYPE_FP32", (-1,), ragged=True),
 )
+
+
+def encoder_decoder_inputs(features_dtype: str = "TYPE_FP16") -> tuple[Tensor, ...]:
+    """The inputs of an encoder-decoder model: :data:`INPUTS` with ``input_ids`` optional (Whisper sends none),
+    and TensorRT-LLM's encoder-decoder inputs, the features in ``features_dtype``.
+
+    Per request: ``encoder_input_features`` ``[T, n_mels]`` log-mel frames, ``input_lengths`` T,
+    ``encoder_output_lengths`` T // 2, ``decoder_input_ids`` the decoder prompt and ``decoder_input_lengths`` its
+    length (optional: the whole row).
+    """
+    return (
+        *(replace(tensor, optional=True) if tensor.name == "input_ids" else tensor for tensor in INPUTS),
+        Tensor("encoder_input_features", features_dtype, (-1, -1), ragged=True),
+        Tensor("encoder_output_lengths", "TYPE_INT32"),
+        Tensor("decoder_input_ids", "TYPE_INT32", (-1,), ragged=True),
+        Tensor("decoder_input_lengths", "TYPE_INT32"),
+    )
+
 
 #: The perf-metric outputs are declared so that an ensemble can pass them on as the official one does; the python
 #: models never write them (they refuse ``return_perf_metrics``).
@@ -220,10 +239,14 @@ class GenerationRequest:
     follows; a bad word's last token is never generated after the rest of it. ``min_tokens``: no end token before
     that many tokens. ``num_return_sequences`` independent sequences per prompt, the i-th seeded ``seed + i`` (as
     TRT-LLM seeds its child requests). ``embedding_bias`` is added to the logits (``[vocab]``).
+
+    An encoder-decoder request (Whisper) brings each row's ``encoder_features`` (``[T, n_mels]`` log-mel frames,
+    float, in the data type they were sent in); ``input_ids`` then holds the decoder prompts.
     """
 
     input_ids: list[list[int]]
     max_new_tokens: int
+    encoder_features: list[np.ndarray] | None = None
     end_id: int | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     streaming: bool = False
@@ -290,6 +313,19 @@ def refusal(request: GenerationRequest, capabilities: Capabilities) -> str | Non
     return None
 
 
+def encoder_mismatch(has_features: bool, encoder_decoder: bool) -> str | None:
+    """Why a request with (or without) encoder features does not fit a model that is (or is not) an
+    encoder-decoder, in one line, or None."""
+    if encoder_decoder and not has_features:
+        return (
+            "encoder_input_features missing: this is an encoder-decoder model (Whisper), send each request's "
+            "log-mel features with the decoder prompt in decoder_input_ids"
+        )
+    if not encoder_decoder and has_features:
+        return "encoder_input_features: this is a decoder-only model, it takes input_ids alone"
+    return None
+
+
 def word_list(array: np.ndarray) -> Words:
     """The words of one row of TensorRT-LLM's word-list layout ``[2, n]``: row 0 holds the words' token ids one
     after the other, row 1 each word's end offset into them, padded with -1 (empty words are dropped)."""
@@ -305,20 +341,90 @@ def word_list(array: np.ndarray) -> Words:
     return tuple(word for word in words if word)
 
 
-def parse_request(inputs: Mapping[str, np.ndarray], *, decoupled: bool, exclude_input: bool) -> GenerationRequest:
+def _present(inputs: Mapping[str, np.ndarray], name: str) -> np.ndarray | None:
+    values = inputs.get(name)
+    return None if values is None or values.size == 0 else values
+
+
+def _prompts(inputs: Mapping[str, np.ndarray], ids_name: str, lengths_name: str, required: bool) -> list[list[int]]:
+    """The rows of ``ids_name`` (``[rows, n]``, right-padded), each cut to its ``lengths_name`` (the whole row when
+    that input is optional and missing)."""
+    ids = inputs.get(ids_name)
+    if ids is None:
+        raise ValueError(f"{ids_name} missing: the request holds no prompt")
+    ids = ids.reshape(-1, ids.shape[-1])
+    lengths = _present(inputs, lengths_name)
+    if lengths is None and not required:
+        lengths = np.full(len(ids), ids.shape[1])
+    elif lengths is None:
+        raise ValueError(f"{lengths_name} missing: it gives each row's length of {ids_name}")
+    lengths = lengths.reshape(-1)
+    if len(lengths) != len(ids) or np.any(lengths > ids.shape[1]) or np.any(lengths < 0):
+        raise ValueError(f"{lengths_name} {lengths.tolist()} do not fit {ids_name} of shape {ids.shape}")
+    return [row[:length].tolist() for row, length in zip(ids, lengths, strict=True)]
+
+
+def _encoder_decoder_rows(inputs: Mapping[str, np.ndarray]) -> tuple[list[list[int]], list[np.ndarray]]:
+    """The decoder prompts and the encoder features of an encoder-decoder request, row by row.
+
+    As in TensorRT-LLM, ``input_lengths`` counts a row's mel frames (the features may be padded past them) and
+    ``encoder_output_lengths`` the encoder frames they make, half as many.
+    """
+    if _present(inputs, "input_ids") is not None:
+        raise ValueError(
+            "input_ids: an encoder-decoder request takes its decoder prompt from decoder_input_ids; send no input_ids"
+        )
+    features = inputs["encoder_input_features"]
+    if features.ndim == 2:
+        features = features[None]
+    if features.ndim != 3:
+        raise ValueError(
+            f"encoder_input_features of shape {list(features.shape)}: send [1, frames, n_mels] per request"
+        )
+    rows, frames = features.shape[:2]
+    lengths = _present(inputs, "input_lengths")
+    lengths = np.full(rows, frames) if lengths is None else lengths.reshape(-1).astype(np.int64)
+    if len(lengths) != rows or np.any(lengths < 1) or np.any(lengths > frames):
+        raise ValueError(
+            f"input_lengths {lengths.tolist()} do not fit encoder_input_features of {rows} x {frames} frames: an "
+            "encoder-decoder request's input_lengths is its number of mel frames"
+        )
+    output_lengths = _present(inputs, "encoder_output_lengths")
+    if output_lengths is not None and (
+        output_lengths.size != rows or np.any(output_lengths.reshape(-1) != lengths // 2)
+    ):
+        raise ValueError(
+            f"encoder_output_lengths {output_lengths.reshape(-1).tolist()} must be input_lengths // 2 "
+            f"({(lengths // 2).tolist()}): the encoder halves the mel frames"
+        )
+    prompts = _prompts(inputs, "decoder_input_ids", "decoder_input_lengths", required=False)
+    if len(prompts) != rows:
+        raise ValueError(f"decoder_input_ids has {len(prompts)} rows for {rows} rows of encoder_input_features")
+    return prompts, [row[:length] for row, length in zip(features, lengths, strict=True)]
+
+
+def parse_request(
+    inputs: Mapping[str, np.ndarray], *, decoupled: bool, exclude_input: bool, encoder_decoder: bool = False
+) -> GenerationRequest:
     """A request from its contract tensors (by name).
 
     Per-row settings must agree across the rows of one request (one :class:`GenerationRequest` shares them). As in
     TensorRT-LLM's backend, a model that is not decoupled answers one sequence per request: streaming, several
     prompts and several return sequences need a decoupled one. ``pad_id`` is accepted and has nothing to pad:
-    each response holds one sequence of one beam. Raises ValueError naming what is wrong.
+    each response holds one sequence of one beam. An ``encoder_decoder`` model takes (and needs) the encoder-decoder
+    inputs of :func:`encoder_decoder_inputs`; a decoder-only one refuses them. Raises ValueError naming what is
+    wrong.
     """
-    input_ids = inputs["input_ids"]
-    input_ids = input_ids.reshape(-1, input_ids.shape[-1])
-    rows = len(input_ids)
-    lengths = inputs["input_lengths"].reshape(-1)
-    if len(lengths) != rows or np.any(lengths > input_ids.shape[1]) or np.any(lengths < 0):
-        raise ValueError(f"input_lengths {lengths.tolist()} do not fit input_ids of shape {input_ids.shape}")
+    encoder_features = None
+    has_features = _present(inputs, "encoder_input_features") is not None
+    mismatch = encoder_mismatch(has_features, encoder_decoder)
+    if mismatch:
+        raise ValueError(mismatch)
+    if has_features:
+        prompts, encoder_features = _encoder_decoder_rows(inputs)
+    else:
+        prompts = _prompts(inputs, "input_ids", "input_lengths", required=True)
+    rows = len(prompts)
 
     def shared(name: str, values: np.ndarray) -> np.ndarray:
         """The one row of ``values [rows, n]`` that every row repeats."""
@@ -354,7 +460,8 @@ def parse_request(inputs: Mapping[str, np.ndarray], *, decoupled: bool, exclude_
         if streaming:
             raise ValueError(f"streaming=true {offline}")
         if rows > 1:
-            raise ValueError(f"input_ids with {rows} prompts {offline}: send one prompt per request")
+            prompt_name = "input_ids" if encoder_features is None else "decoder_input_ids"
+            raise ValueError(f"{prompt_name} with {rows} prompts {offline}: send one prompt per request")
         if num_return_sequences > 1:
             raise ValueError(f"num_return_sequences {num_return_sequences} {offline}")
     bias = inputs.get("embedding_bias")
@@ -368,8 +475,9 @@ def parse_request(inputs: Mapping[str, np.ndarray], *, decoupled: bool, exclude_
         frequency_penalty=scalar("frequency_penalty", float, 0.0),
     )
     request = GenerationRequest(
-        input_ids=[row[:length].tolist() for row, length in zip(input_ids, lengths, strict=True)],
+        input_ids=prompts,
         max_new_tokens=scalar("request_output_len", int, 0),
+        encoder_features=encoder_features,
         end_id=scalar("end_id", int, None),
         sampling=sampling,
         streaming=streaming,

@@ -22,6 +22,11 @@ cannot). A decoupled one sends each sequence (or, streaming, each piece of it) i
 ``cum_log_probs``/``output_log_probs``, ``context_logits``, ``generation_logits`` and ``num_input_tokens``/
 ``num_output_tokens`` come when their ``return_*`` input asks. An input an engine cannot honour
 is refused with one line naming it (:func:`~trtdeploy.engines.contract.refusal`).
+
+An encoder-decoder model (config.pbtxt parameter ``encoder_decoder`` true) takes TensorRT-LLM's encoder-decoder
+inputs instead of ``input_ids``: ``encoder_input_features`` (passed on as the numpy arrays of its declared data
+type), ``encoder_output_lengths``, ``decoder_input_ids`` and ``decoder_input_lengths``, with ``input_lengths``
+counting mel frames (:func:`~trtdeploy.engines.contract.parse_request`).
 """
 
 from __future__ import annotations
@@ -96,6 +101,7 @@ class ContractModel(ABC):
             params.raw["device"] = f"cuda:{args['model_instance_device_id']}"
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
         self.exclude_input = params.bool("exclude_input_in_output", True)
+        self.encoder_decoder = params.bool("encoder_decoder", False)
         self.generator = self.load(params)
 
     def execute(self, requests: list) -> None:
@@ -103,7 +109,12 @@ class ContractModel(ABC):
             sender = request.get_response_sender()
             inputs: dict[str, np.ndarray] = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
             try:
-                parsed = parse_request(inputs, decoupled=self.decoupled, exclude_input=self.exclude_input)
+                parsed = parse_request(
+                    inputs,
+                    decoupled=self.decoupled,
+                    exclude_input=self.exclude_input,
+                    encoder_decoder=self.encoder_decoder,
+                )
             except ValueError as exc:
                 sender.send(_error(str(exc)), flags=FINAL)
                 continue

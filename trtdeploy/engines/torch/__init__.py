@@ -1,11 +1,15 @@
-"""The ``torch`` engine: trtdeploy's own Triton python model around a Hugging Face causal LM, on the CPU or one GPU.
+"""The ``torch`` engine: trtdeploy's own Triton python model around a Hugging Face causal LM (or Whisper), on the CPU
+or one GPU.
 
 It serves the TRT-LLM inflight-batcher tensor contract (see DESIGN.md, "one LLM contract", and
 :mod:`trtdeploy.engines.contract`) from a continuous batch run by :mod:`trtdeploy.engines.torch.runtime`, with
 TensorRT-LLM's semantics for every input the official ensemble passes on: sampling, penalties, stop and bad words,
 minimum length, several return sequences, the prompt in the output, log probabilities and logits, embedding bias.
 It decodes one beam and keeps no perf metrics: ``beam_width`` > 1, a ``len_penalty`` and ``return_perf_metrics`` are
-refused by name. There is no build step: the deployment serves the checkpoint as it is. torch and transformers are
+refused by name. A Whisper checkpoint is served with TensorRT-LLM's encoder-decoder inputs (log-mel features and
+the decoder prompt, :func:`~trtdeploy.engines.contract.encoder_decoder_inputs`); its sequences are bounded by the
+decoder's learned positions (``max_target_positions``). There is no build step: the deployment serves the checkpoint
+as it is. torch and transformers are
 imported only when a model is served, so the CLI starts without them.
 """
 
@@ -20,10 +24,14 @@ from ...errors import UsageError
 from ...hookspecs import hookimpl
 from ...spec import BuildContext
 from ..base import PYTHON_TEMPLATES, Engine
-from ..contract import INPUTS, OUTPUTS
+from ..contract import INPUTS, OUTPUTS, encoder_decoder_inputs
 
-#: Hugging Face architectures whose layers the runtime's own forward pass reproduces.
-SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM")
+#: Hugging Face encoder-decoder architectures whose layers the runtime's own forward pass reproduces.
+ENCODER_DECODER_ARCHITECTURES = ("WhisperForConditionalGeneration",)
+#: Every Hugging Face architecture whose layers the runtime's own forward pass reproduces.
+SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", *ENCODER_DECODER_ARCHITECTURES)
+#: transformers' default ``max_target_positions`` of a Whisper config.
+WHISPER_TARGET_POSITIONS = 448
 
 
 def unsupported_reason(config: dict[str, Any], max_seq_len: int) -> str | None:
@@ -32,6 +40,16 @@ def unsupported_reason(config: dict[str, Any], max_seq_len: int) -> str | None:
     if not architectures or architectures[0] not in SUPPORTED_ARCHITECTURES:
         found = ", ".join(architectures) or "none given"
         return f"architecture {found} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+    if architectures[0] in ENCODER_DECODER_ARCHITECTURES:
+        limit = config.get("max_target_positions", WHISPER_TARGET_POSITIONS)
+        if max_seq_len > limit:
+            return (
+                f"max_seq_len {max_seq_len} exceeds the decoder's {limit} positions (max_target_positions): lower "
+                f"--max-input-len/--max-output-len to sum to at most {limit}"
+            )
+        if config.get("scale_embedding"):  # no released checkpoint scales them; the runtime's decoder does not
+            return "scale_embedding (decoder embeddings scaled by sqrt(d_model)) is not supported"
+        return None
     window = config.get("sliding_window")
     sliding = config.get("use_sliding_window") or "sliding_attention" in (config.get("layer_types") or [])
     if sliding and window is not None and window < max_seq_len:
@@ -40,10 +58,11 @@ def unsupported_reason(config: dict[str, Any], max_seq_len: int) -> str | None:
 
 
 class TorchEngine(Engine):
-    """Serves a Hugging Face Qwen2/Qwen3/Llama checkpoint with trtdeploy's own decode loop (CUDA graphs on GPU)."""
+    """Serves a Hugging Face Qwen2/Qwen3/Llama or Whisper checkpoint with trtdeploy's own decode loop (CUDA graphs on
+    GPU)."""
 
     name = "torch"
-    description = "trtdeploy's own PyTorch continuous-batching model (Qwen2/Qwen3/Llama), CPU or one GPU"
+    description = "trtdeploy's own PyTorch continuous-batching model (Qwen2/Qwen3/Llama, Whisper), CPU or one GPU"
     precisions = ("fp32", "fp16", "bf16")
     templates_dir = PYTHON_TEMPLATES
     runs_on_cpu = True
@@ -72,6 +91,17 @@ class TorchEngine(Engine):
         reason = unsupported_reason(config, point.max_seq_len)
         if reason:
             raise UsageError(f"torch engine cannot serve {ctx.llm_dir}: {reason}")
+        architecture = config["architectures"][0]
+        if (architecture in ENCODER_DECODER_ARCHITECTURES) != ctx.encoder_decoder:
+            expected = "an encoder-decoder" if ctx.encoder_decoder else "a decoder-only"
+            raise UsageError(
+                f"torch engine cannot serve {ctx.llm_dir}: this model needs {expected} checkpoint, and it holds a "
+                f"{architecture}"
+            )
+
+    def encoder_features_dtype(self, ctx: BuildContext) -> str:
+        """fp32 features for an fp32 model, else fp16 (the runtime casts them to its own precision)."""
+        return "TYPE_FP32" if ctx.point.precision == "fp32" else "TYPE_FP16"
 
     def template_context(self, ctx: BuildContext) -> dict[str, Any]:
         point = ctx.point
@@ -87,9 +117,11 @@ class TorchEngine(Engine):
             "exclude_input_in_output": "true",
             "cuda_graphs": str(point.device == "cuda").lower(),
             "cancellation_check_period_ms": 100,
+            "encoder_decoder": str(ctx.encoder_decoder).lower(),
         }
         gpus = [group[0] for group in point.gpu_groups] if point.replicas > 1 else []
-        return {"parameters": parameters, "inputs": INPUTS, "outputs": OUTPUTS, "gpus": gpus}
+        inputs = encoder_decoder_inputs(ctx.encoder_features_dtype) if ctx.encoder_decoder else INPUTS
+        return {"parameters": parameters, "inputs": inputs, "outputs": OUTPUTS, "gpus": gpus}
 
     def versions(self) -> dict[str, str]:
         from importlib.metadata import PackageNotFoundError, version

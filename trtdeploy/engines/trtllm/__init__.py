@@ -18,6 +18,7 @@ from ...hookspecs import hookimpl
 from ...memory import read_config
 from ...spec import BuildContext
 from ..base import BuildStep
+from . import whisper
 from .commands import (
     AWQ_BLOCK_SIZE,
     QFORMATS,
@@ -33,17 +34,18 @@ from .commands import (
 from .releases import FACTS, LAUNCH_SOURCE, RELEASES, Release
 from .tensors import inputs, outputs, renamed
 from .versions import TensorRTLLMEngine, TrtllmVersion, installed
+from .whisper import ASSETS, MEL_FILTERS, TIKTOKEN
 
 TEMPLATES = Path(__file__).parent / "templates"
 #: The runtime scheduler never pauses a started request (no eviction), so streams keep their pace.
 SCHEDULER_POLICY = "guaranteed_no_evict"
-#: Share of the KV-cache pool an encoder-decoder model keeps for cross attention.
-CROSS_KV_CACHE_FRACTION = 0.5
 #: What launch_triton_server.py sets for several TRT-LLM model instances in one server (``--multi-model``): the
 #: backend's orchestrator spawns each instance's workers (``serve`` adds the rest of that launch: see server/_serve).
 ORCHESTRATOR_ENV = {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"}
 #: Facts about GPU kernels: they refuse a point or get a note of their own, not the release-facts note.
 GPU_FACTS = ("sm100_unsupported", "sm120_unpinned")
+#: Facts only Whisper plans depend on.
+WHISPER_FACTS = ("examples_layout", "whisper_model_names")
 
 
 class TrtllmEngine(TensorRTLLMEngine):
@@ -65,6 +67,9 @@ class TrtllmEngine(TensorRTLLMEngine):
             return "trtllm-build is not on PATH"
         return None
 
+    def default_encoder_decoder_precision(self, device: str) -> str:
+        return whisper.PRECISIONS[0]  # the Whisper example builds fp16 activations only
+
     def release_of(self, text: str) -> TrtllmVersion:
         version = super().release_of(text)
         if version.line not in {release.line for release in RELEASES}:
@@ -77,6 +82,9 @@ class TrtllmEngine(TensorRTLLMEngine):
         if profile is None:
             raise UsageError("the trtllm engine builds for a GPU", hint="pass --gpu NAME (trtdeploy gpus lists them)")
         point, version = ctx.point, self.release(ctx)
+        if ctx.encoder_decoder:
+            whisper.validate(ctx)
+            return
         if point.precision == "fp8" and profile.compute_capability >= (12, 0) and version.line < (0, 19):
             raise UsageError(f"fp8 on {profile.name} (SM120) needs TensorRT-LLM 0.19 or newer")
         unsupported = version.facts.sm100_unsupported
@@ -118,6 +126,8 @@ class TrtllmEngine(TensorRTLLMEngine):
                 )
 
     def steps(self, ctx: BuildContext) -> list[BuildStep]:
+        if ctx.encoder_decoder:
+            return whisper.steps(ctx, self.release(ctx))
         recipe = Recipe.of(ctx)
         return [checkpoint_step(ctx, recipe), build_step(ctx, recipe), cleanup_step()]
 
@@ -138,14 +148,20 @@ class TrtllmEngine(TensorRTLLMEngine):
             "batch_scheduler_policy": SCHEDULER_POLICY,
             **self.kv_cache_parameters(ctx),
             "exclude_input_in_output": "true",
-            "enable_kv_cache_reuse": "false" if ctx.encoder_decoder else "true",
-            "enable_chunked_context": "false" if ctx.encoder_decoder else "true",
+            "enable_kv_cache_reuse": "true",
+            "enable_chunked_context": "true",
         }
+        if ctx.encoder_decoder:  # the official Whisper fill: two engines, a cross-attention cache, no reuse/chunks
+            parameters.update(
+                gpt_model_path=ctx.engine_dir / "decoder",
+                encoder_model_path=ctx.engine_dir / "encoder",
+                max_tokens_in_paged_kv_cache=whisper.kv_cache_tokens(ctx),
+                cross_kv_cache_fraction=whisper.cross_kv_cache_fraction(ctx),
+                enable_kv_cache_reuse="false",
+                enable_chunked_context="false",
+            )
         if point.replicas > 1:  # one instance per GPU group, each run by the orchestrator's spawned workers
             parameters["gpu_device_ids"] = ";".join(",".join(map(str, group)) for group in point.gpu_groups)
-        if ctx.encoder_decoder:
-            parameters["encoder_model_path"] = ctx.engine_dir / "encoder"
-            parameters["cross_kv_cache_fraction"] = CROSS_KV_CACHE_FRACTION
         return {
             "instances": point.replicas,
             "inputs": inputs(release, encoder_decoder=ctx.encoder_decoder),
@@ -154,6 +170,8 @@ class TrtllmEngine(TensorRTLLMEngine):
         }
 
     def notes(self, ctx: BuildContext) -> list[str]:
+        if ctx.encoder_decoder:
+            return self._whisper_notes(ctx)
         point, recipe = ctx.point, Recipe.of(ctx)
         version = recipe.version
         release = version.facts
@@ -176,7 +194,7 @@ class TrtllmEngine(TensorRTLLMEngine):
             f"{release.stats_input} makes it write {', '.join(release.stats_outputs)} (declared as outputs)"
             + _token_counts(release),
         ]
-        unconfirmed = [FACTS[name] for name in release.unconfirmed if name not in GPU_FACTS]
+        unconfirmed = [FACTS[name] for name in release.unconfirmed if name not in (*GPU_FACTS, "whisper_model_names")]
         if unconfirmed:
             lines.append(
                 f"TensorRT-LLM {release.label}: {', '.join(unconfirmed)} not read at its own tag (from the releases "
@@ -237,6 +255,57 @@ class TrtllmEngine(TensorRTLLMEngine):
             lines.append(
                 f"TensorRT-LLM {version.text}: trtllm-build and convert_checkpoint.py are legacy in the 1.x line "
                 "(removed after 1.2); --engine trtllm_pytorch is the path forward"
+            )
+        return lines
+
+    def _whisper_notes(self, ctx: BuildContext) -> list[str]:
+        point, version = ctx.point, self.release(ctx)
+        release = version.facts
+        image, exact = version.triton_image
+        dims = whisper.read_dims(ctx)
+        name = whisper.model_name(dims, version)
+        frames = whisper.encoder_frames(ctx)
+        lines = [
+            f"TensorRT-LLM {version.text}: build and serve inside {image}"
+            + ("" if exact else f" (no NGC image ships exactly {version.text}; this is the nearest of its line)"),
+            f"engines are bound to TensorRT-LLM {version.text} and {point.gpu}: the manifest records both, a change "
+            "rebuilds; convert with the examples/ of the same release (a newer converter's weight names make an "
+            "older trtllm-build fail with 'Required but not provided tensors')",
+            f"Whisper on TensorRT-LLM {release.label}: engines only (the C++ runtime behind the tensorrtllm backend); "
+            f"the converter is examples/{release.examples_layout}whisper/convert_checkpoint.py and reads "
+            f"openai-whisper's checkpoint format, not Hugging Face's",
+            f"{ASSETS}/{name}.pt: the Hugging Face weights under openai-whisper's names, written by trtdeploy (what "
+            "the example's distil_whisper/convert_from_distil_whisper.py does); --model_name only picks the file, "
+            "the converter reads the shape from its dims",
+            f"{ASSETS}/{MEL_FILTERS} (mel_{dims.n_mels if dims else 'N'}: the Slaney mel filterbank of "
+            f"openai-whisper's file) and {ASSETS}/{TIKTOKEN} (the checkpoint's byte-level vocabulary, rank = token "
+            "id): the runtime assets of the official whisper_bls and run.py, which the converter does not read",
+            f"fp16 activations (the Whisper example's support matrix: FP16, INT8/INT4 weight-only); encoder input "
+            f"{frames} mel frames (30 s), output {frames // 2}: --max_input_len/--max_seq_len {frames} for the "
+            f"encoder, --max_encoder_input_len {frames} for the decoder",
+            f"decoder prompt up to {ctx.llm_max_input_len} tokens and {point.max_seq_len} in all (the official "
+            "recipe builds 14 and 114); max_beam_width 1 (the official build takes 4 and serves 1)",
+            f"max_tokens_in_paged_kv_cache {whisper.kv_cache_tokens(ctx)} = max_batch_size x (max_seq_len + "
+            f"{frames // 2} encoder outputs), cross_kv_cache_fraction {whisper.cross_kv_cache_fraction(ctx)} (the "
+            "cross-attention share of that memory; the official fill takes 0.5): every request of the batch fits "
+            "both caches at full length",
+            "enable_kv_cache_reuse and enable_chunked_context false (the official Whisper fill), "
+            "encoder_input_features in FP16 (what the official whisper_bls sends)",
+            "the official whisper_bls builds its tokenizer with 100 languages (large-v3's layout): a 99-language "
+            "checkpoint (v2 and older) shifts every id from <|translate|> on by one there",
+            "--max_num_tokens not passed: trtllm-build's default, as in the official Whisper build",
+        ]
+        unconfirmed = [FACTS[name] for name in release.unconfirmed if name in WHISPER_FACTS]
+        if unconfirmed:
+            lines.append(
+                f"TensorRT-LLM {release.label}: {', '.join(unconfirmed)} not read at its own tag (from the releases "
+                "around it, issues and untagged sources: trtdeploy/engines/trtllm/releases.py)"
+            )
+        if version.line >= (1, 0):
+            lines.append(
+                f"TensorRT-LLM {version.text}: trtllm-build and convert_checkpoint.py are legacy in the 1.x line; "
+                "its LLM API (PyTorch backend) has no Whisper through 1.2.x (TensorRT-LLM pull request 16141 adds "
+                "it after 1.2), so --engine trtllm_pytorch refuses Whisper"
             )
         return lines
 

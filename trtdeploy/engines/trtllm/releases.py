@@ -48,6 +48,37 @@ TOKEN_COUNT_OUTPUTS = ("num_input_tokens", "num_output_tokens")
 #: supported release has, and the Qwen3 ones it gained in 1.0.
 ARCHITECTURES = frozenset({"Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"})
 QWEN3 = frozenset({"Qwen3ForCausalLM", "Qwen3MoeForCausalLM"})
+#: The ``--model_name`` choices of the Whisper converter (the name only picks ``<model_dir>/<name>.pt``): the older
+#: converter (``examples/whisper/``, encoder weights named ``encoder_layers.*``) has no large-v3-turbo.
+WHISPER_NAMES = (
+    "large-v3",
+    "large-v2",
+    "medium",
+    "small",
+    "base",
+    "tiny",
+    "medium.en",
+    "small.en",
+    "base.en",
+    "tiny.en",
+    "distil-large-v3",
+    "distil-large-v2",
+    "distil-medium.en",
+    "distil-small.en",
+)
+WHISPER_NAMES_TURBO = ("large-v3-turbo", *WHISPER_NAMES)
+WHISPER_OLD_SOURCE = (
+    f"{TRTLLM}:examples/whisper/convert_checkpoint.py (read at untagged 102f11a: no large-v3-turbo, --chunk_length, "
+    "encoder_layers.* weights); triton-inference-server/tensorrtllm_backend issues 707 (2025-03-04) and 741 (r25.02): "
+    "the wheel of the 25.02 image wants encoder_layers.* names, which a converter offering large-v3-turbo does not "
+    "write"
+)
+WHISPER_NEW_SOURCE = (
+    f"{TRTLLM}:examples/models/core/whisper/convert_checkpoint.py (read at untagged 2a9abd9: large-v3-turbo among "
+    "the choices); a converter offering it was on main by 2025-03-04 (tensorrtllm_backend issue 707), before the "
+    "0.20 branch"
+)
+
 #: Precisions whose GEMM kernels have no SM10.x (B200, GB200) path in the engine flow, and which kernel it is: its
 #: dispatch throws "Arch unsupported" there, so trtllm-build fails while it profiles the layer. Refused.
 _MIXED_GEMM = "the mixed-type GEMM of its layers (16-bit activations x integer weights)"
@@ -85,6 +116,7 @@ FACTS = {
     "architectures": "the architectures converted",
     "sm100_unsupported": "the precisions refused on SM10.x",
     "sm120_unpinned": "the precisions planned with a warning on SM12.x",
+    "whisper_model_names": "the Whisper converter's model names",
 }
 
 
@@ -113,6 +145,8 @@ class Release:
     architectures: frozenset[str]
     #: Where the backend's templates and launch script live.
     backend_home: str
+    #: The Whisper converter's ``--model_name`` choices.
+    whisper_model_names: tuple[str, ...]
     #: Precisions the engine builder cannot build for SM10.x GPUs -> why (refused).
     sm100_unsupported: dict[str, str] = field(compare=False)
     #: Precisions whose SM12.x kernels the sources do not pin to this release -> why (planned with a note).
@@ -148,6 +182,7 @@ def _backend_row(
         token_count_outputs=(),
         architectures=ARCHITECTURES,
         backend_home=BACKEND,
+        whisper_model_names=WHISPER_NAMES,
         sm100_unsupported=SM100_UNSUPPORTED,
         sm120_unpinned=SM120_UNPINNED,
         sources={
@@ -160,8 +195,9 @@ def _backend_row(
             "architectures": f"{RELEASE_NOTES} (Qwen3 in the TensorRT engine flow from 1.0)",
             "sm100_unsupported": SM100_SOURCE,
             "sm120_unpinned": SM100_SOURCE,
+            "whisper_model_names": WHISPER_OLD_SOURCE,
         },
-        unconfirmed=("sm100_unsupported", "sm120_unpinned"),
+        unconfirmed=("sm100_unsupported", "sm120_unpinned", "whisper_model_names"),
     )
 
 
@@ -193,6 +229,7 @@ def _trtllm_row(line: tuple[int, int], *, architectures: frozenset[str], token_c
         token_count_outputs=TOKEN_COUNT_OUTPUTS if token_counts else (),
         architectures=architectures,
         backend_home=TRITON_BACKEND,
+        whisper_model_names=WHISPER_NAMES_TURBO,
         sm100_unsupported=SM100_UNSUPPORTED,
         sm120_unpinned=SM120_UNPINNED,
         sources={
@@ -209,6 +246,7 @@ def _trtllm_row(line: tuple[int, int], *, architectures: frozenset[str], token_c
             "architectures": qwen3,
             "sm100_unsupported": SM100_SOURCE,
             "sm120_unpinned": SM100_SOURCE,
+            "whisper_model_names": WHISPER_NEW_SOURCE,
         },
         unconfirmed=(
             "examples_layout",
@@ -218,6 +256,7 @@ def _trtllm_row(line: tuple[int, int], *, architectures: frozenset[str], token_c
             "token_count_inputs",
             "sm100_unsupported",
             "sm120_unpinned",
+            "whisper_model_names",
         ),
     )
 

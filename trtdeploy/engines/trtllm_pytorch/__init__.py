@@ -50,6 +50,8 @@ class TrtllmPytorchEngine(TensorRTLLMEngine):
     """TensorRT-LLM's LLM API (PyTorch backend) in trtdeploy's Triton python model."""
 
     name = "trtllm_pytorch"
+    #: The LLM API of TensorRT-LLM 1.0-1.2.x has no Whisper (its pull request 16141 adds one after 1.2).
+    serves_encoder_decoder = False
     description = "TensorRT-LLM >= 1.0 PyTorch backend (LLM API) in trtdeploy's python model; ModelOpt checkpoints"
     precisions = ("bf16", "fp16", "fp8", "nvfp4", "int4_awq", "int8_sq")
     templates_dir = PYTHON_TEMPLATES
@@ -68,6 +70,12 @@ class TrtllmPytorchEngine(TensorRTLLMEngine):
     def validate(self, ctx: BuildContext) -> None:
         if ctx.gpu_profile is None:
             raise UsageError("the trtllm_pytorch engine serves on GPUs", hint="pass --gpu NAME (trtdeploy gpus)")
+        if ctx.encoder_decoder:
+            raise UsageError(
+                "the trtllm_pytorch engine cannot serve Whisper: the LLM API (PyTorch backend) of TensorRT-LLM "
+                "1.0-1.2.x has no Whisper model (TensorRT-LLM pull request 16141 adds one after 1.2)",
+                hint="use --engine trtllm (TensorRT engines) or --engine torch",
+            )
         if ctx.point.replicas > 1:
             raise UsageError(
                 "the trtllm_pytorch engine runs one LLM per deployment",

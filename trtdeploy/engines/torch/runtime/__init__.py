@@ -1,4 +1,5 @@
-"""The torch engine's runtime: a continuous-batching generator over a Hugging Face causal LM's weights.
+"""The torch engine's runtime: a continuous-batching generator over a Hugging Face causal LM's weights, or over
+Whisper's (an encoder-decoder: :mod:`.whisper`).
 
 :func:`load_generator` builds one from a checkpoint folder; the Triton model (``tensorrt_llm/1/model.py``) feeds it
 requests and turns what its sinks receive into responses. Tests and benchmarks use it directly, without Triton.
@@ -23,10 +24,13 @@ from ...contract import (
 )
 from .. import unsupported_reason
 from .generator import Generator, GeneratorConfig
-from .model import DecoderModel
+from .model import DecoderModel, SlotModel
 from .sampling import SamplingPlan, SlotSampler, uniform_noise
+from .whisper import WhisperModel
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+#: The forward pass of each architecture that is not a plain causal LM (those run :class:`DecoderModel`).
+MODEL_CLASSES: dict[str, type[SlotModel]] = {"WhisperForConditionalGeneration": WhisperModel}
 
 __all__ = [
     "DTYPES",
@@ -35,11 +39,14 @@ __all__ = [
     "GenerationRequest",
     "Generator",
     "GeneratorConfig",
+    "MODEL_CLASSES",
     "ResponseSink",
     "SamplingParams",
     "SamplingPlan",
     "SequenceOutput",
+    "SlotModel",
     "SlotSampler",
+    "WhisperModel",
     "load_generator",
     "load_from_parameters",
     "response_arrays",
@@ -67,7 +74,8 @@ def load_generator(
         raise ValueError(f"cannot serve {model_dir}: {reason}")
     if precision not in DTYPES:
         raise ValueError(f"precision {precision!r} is not one of {', '.join(DTYPES)}")
-    model = DecoderModel.from_pretrained(
+    model_class = MODEL_CLASSES.get(config["architectures"][0], DecoderModel)
+    model = model_class.from_pretrained(
         str(model_dir),
         dtype=DTYPES[precision],
         device=device,

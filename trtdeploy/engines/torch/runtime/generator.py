@@ -5,6 +5,9 @@ prefill), then runs one decode step over every running sequence, and repeats. To
 each request's :class:`ResponseSink` from a second thread, so sending (an IPC under Triton) overlaps the next step.
 An error in a step becomes an error for the requests it touched; the loop itself keeps running.
 
+An encoder-decoder model (Whisper) encodes the admitted sequences' input features, batched, before their prefill;
+the prompts are then the decoder's.
+
 Each prompt of a request runs as ``num_return_sequences`` sequences, one slot each. Stop words end a sequence on
 their last token (kept); bad words and, before ``min_tokens``, the end tokens are banned in the sampler before each
 step, from the sequence so far.
@@ -25,8 +28,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...contract import Capabilities, GenerationRequest, ResponseSink, SamplingParams, SequenceOutput, Words, refusal
-from .model import DecoderModel
+from ...contract import (
+    Capabilities,
+    GenerationRequest,
+    ResponseSink,
+    SamplingParams,
+    SequenceOutput,
+    Words,
+    encoder_mismatch,
+    refusal,
+)
+from .model import SlotModel
 from .sampling import SlotSampler
 
 log = logging.getLogger(__name__)
@@ -150,9 +162,9 @@ Event = tuple[Callable[..., None], tuple[Any, ...], bool]
 
 
 class Generator:
-    """Runs a continuous batch over a :class:`DecoderModel`; thread-safe :meth:`submit`."""
+    """Runs a continuous batch over a :class:`~.model.SlotModel`; thread-safe :meth:`submit`."""
 
-    def __init__(self, model: DecoderModel, config: GeneratorConfig):
+    def __init__(self, model: SlotModel, config: GeneratorConfig):
         self.model = model
         self.config = config
         self.sampler = SlotSampler(
@@ -200,7 +212,7 @@ class Generator:
             return "the request holds no input_ids"
         if request.max_new_tokens < 1:
             return f"request_output_len must be at least 1 (got {request.max_new_tokens})"
-        problem = refusal(request, CAPABILITIES)
+        problem = refusal(request, CAPABILITIES) or self._check_encoder_input(request)
         if problem:
             return problem
         vocab = self.model.vocab_size
@@ -220,6 +232,17 @@ class Generator:
         if bias is not None and (bias.ndim != 1 or len(bias) > vocab):
             return f"embedding_bias has shape {list(bias.shape)}: it takes one value per token of the {vocab}"
         return None
+
+    def _check_encoder_input(self, request: GenerationRequest) -> str | None:
+        features = request.encoder_features
+        problem = encoder_mismatch(features is not None, self.model.encoder_decoder)
+        if problem or features is None:
+            return problem
+        if len(features) != len(request.input_ids):
+            return f"{len(features)} encoder_input_features for {len(request.input_ids)} decoder prompts"
+        if request.return_context_logits:
+            return "return_context_logits: the torch engine returns no context logits for an encoder-decoder model"
+        return next(filter(None, map(self.model.features_problem, features)), None)
 
     # --- decode thread ------------------------------------------------------------------------------------------
 
@@ -308,6 +331,8 @@ class Generator:
             )
             for sequence in batch:
                 self._ban(sequence)
+            if self.model.encoder_decoder:
+                self.model.encode(slots, [sequence.job.request.encoder_features[sequence.row] for sequence in batch])
             logits = self.model.prefill(prompts, slots)
             for sequence in batch:
                 job = sequence.job

@@ -7,12 +7,17 @@ honoured (a dynamic one as it stands at ``max_seq_len``). The KV cache is static
 runs over the slots ``[0, batch)`` and attends to the first ``span`` positions, so K/V are plain slice views; on CUDA
 each ``(batch, span)`` bucket is captured once as a CUDA graph. Prefill is right-padded and causal; small prefills
 are padded to (rows, length) buckets and replayed as CUDA graphs too.
+
+:class:`SlotModel` holds what does not depend on the architecture (the per-slot decode inputs, buckets, prefill
+padding and CUDA graph capture); :class:`DecoderModel` and the Whisper model
+(:mod:`trtdeploy.engines.torch.runtime.whisper`) supply the forward passes.
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -46,13 +51,17 @@ class _Layer:
     down_bias: torch.Tensor | None
 
 
-def _fuse(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    weight = torch.cat([linear.weight.detach() for linear in linears])
+def _fuse(
+    linears: list[torch.nn.Linear], scales: list[float] | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for several projections of the same input, each scaled by ``scales[i]`` if given."""
+    scales = scales or [1.0] * len(linears)
+    weight = torch.cat([linear.weight.detach() * scale for linear, scale in zip(linears, scales, strict=True)])
     if all(linear.bias is None for linear in linears):
         return weight, None
     biases = [
-        linear.bias.detach() if linear.bias is not None else linear.weight.new_zeros(linear.out_features)
-        for linear in linears
+        linear.bias.detach() * scale if linear.bias is not None else linear.weight.new_zeros(linear.out_features)
+        for linear, scale in zip(linears, scales, strict=True)
     ]
     return weight, torch.cat(biases)
 
@@ -66,44 +75,34 @@ def _bucket(value: int, buckets: tuple[int, ...], cap: int) -> int:
     return min(buckets[index], cap) if index < len(buckets) else cap
 
 
-class DecoderModel:
-    """Prefill and decode over a static KV cache of ``max_slots`` sequences of up to ``max_seq_len`` tokens.
+class SlotModel(ABC):
+    """Prefill and decode over ``max_slots`` sequences of up to ``max_seq_len`` tokens, one cache slot each.
 
     The decode step reads its inputs from static device buffers (:attr:`tokens`, :attr:`positions`,
-    :attr:`active`) and writes :attr:`logits`, so that it can be replayed as a CUDA graph.
+    :attr:`active`) and writes :attr:`logits`, so that it can be replayed as a CUDA graph. Subclasses own the
+    weights and the KV cache (one slot per sequence plus a scratch slot, index ``max_slots``, for the padding rows
+    of a prefill) and implement :meth:`_prefill_forward` and :meth:`_decode_forward`.
     """
 
-    def __init__(self, causal_lm: torch.nn.Module, *, max_slots: int, max_seq_len: int, cuda_graphs: bool = True):
-        config = causal_lm.config
-        base = causal_lm.model
-        attention = base.layers[0].self_attn
-        self.device = causal_lm.lm_head.weight.device
-        self.dtype = causal_lm.lm_head.weight.dtype
+    #: Whether each sequence comes with encoder input features: such a model's ``encode(slots, features)`` fills the
+    #: slots' cross-attention cache before their prefill, and its ``features_problem(features)`` checks them.
+    encoder_decoder = False
+
+    def __init__(
+        self,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        vocab_size: int,
+        max_slots: int,
+        max_seq_len: int,
+        cuda_graphs: bool,
+    ):
+        self.device = device
+        self.dtype = dtype
+        self.vocab_size = vocab_size
         self.max_slots = max_slots
         self.max_seq_len = max_seq_len
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = attention.head_dim
-        self.scaling = attention.scaling
-        self.eps = config.rms_norm_eps
-        self.vocab_size = causal_lm.lm_head.weight.shape[0]
-        self.act = base.layers[0].mlp.act_fn
-        self.layers = [self._extract(layer) for layer in base.layers]
-        self.embed = base.embed_tokens.weight.detach()
-        self.final_norm = base.norm.weight.detach()
-        self.lm_head = causal_lm.lm_head.weight.detach()
-        with torch.no_grad():
-            positions = torch.arange(max_seq_len, device=self.device)[None]
-            cos, sin = base.rotary_emb(self.embed[:1], positions)
-        half = self.head_dim // 2
-        self.cos = cos[0].to(self.dtype).contiguous()
-        # rotate_half(x) * sin == roll(x, half) * [-sin_low, sin_high]
-        self.sin_signed = torch.cat((-sin[0, :, :half], sin[0, :, half:]), -1).to(self.dtype).contiguous()
-
-        # One slot per sequence, plus a scratch slot (index max_slots) for the padding rows of a prefill.
-        cache_shape = (len(self.layers), max_slots + 1, self.num_kv_heads, max_seq_len, self.head_dim)
-        self.k_cache = torch.zeros(cache_shape, dtype=self.dtype, device=self.device)
-        self.v_cache = torch.zeros(cache_shape, dtype=self.dtype, device=self.device)
         #: The token each slot feeds into the next decode step, and the position it is written at.
         self.tokens = torch.zeros(max_slots, dtype=torch.long, device=self.device)
         self.positions = torch.zeros(max_slots, dtype=torch.long, device=self.device)
@@ -117,67 +116,18 @@ class DecoderModel:
         self._prefill_graphs: dict[tuple[int, int], tuple] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
 
-    @staticmethod
-    def _extract(layer: torch.nn.Module) -> _Layer:
-        attn, mlp = layer.self_attn, layer.mlp
-        qkv_weight, qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
-        gate_up_weight, gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj])
-        q_norm = getattr(attn, "q_norm", None)
-        k_norm = getattr(attn, "k_norm", None)
-        return _Layer(
-            input_norm=layer.input_layernorm.weight.detach(),
-            post_norm=layer.post_attention_layernorm.weight.detach(),
-            qkv_weight=qkv_weight,
-            qkv_bias=qkv_bias,
-            o_weight=attn.o_proj.weight.detach(),
-            o_bias=_bias(attn.o_proj),
-            q_norm=None if q_norm is None else q_norm.weight.detach(),
-            k_norm=None if k_norm is None else k_norm.weight.detach(),
-            gate_up_weight=gate_up_weight,
-            gate_up_bias=gate_up_bias,
-            down_weight=mlp.down_proj.weight.detach(),
-            down_bias=_bias(mlp.down_proj),
-        )
-
-    @classmethod
-    def from_pretrained(
-        cls, model_dir: str, *, dtype: torch.dtype, device: str, max_slots: int, max_seq_len: int, cuda_graphs: bool
-    ) -> DecoderModel:
-        """Load a checkpoint folder with transformers and keep only the weights this forward pass uses."""
-        from transformers import AutoModelForCausalLM
-
-        causal_lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
-        return cls(causal_lm, max_slots=max_slots, max_seq_len=max_seq_len, cuda_graphs=cuda_graphs)
-
-    def weight_bytes(self) -> int:
-        """Bytes of weights a decode step reads (every layer, the final norm and the LM head)."""
-        tensors = [self.final_norm, self.lm_head]
-        for layer in self.layers:
-            tensors.extend(value for value in vars(layer).values() if value is not None)
-        return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
-
     def buckets(self, batch: int, span: int) -> tuple[int, int]:
         """The (batch, span) bucket a decode step over ``batch`` slots attending to ``span`` positions runs in."""
         return _bucket(batch, BATCH_BUCKETS, self.max_slots), _bucket(span, SPAN_BUCKETS, self.max_seq_len)
 
-    # --- layers -------------------------------------------------------------------------------------------------
+    @abstractmethod
+    def _prefill_forward(self, ids: torch.Tensor, slot_index: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
+        """Prefill right-padded ``ids [rows, length]`` into ``slot_index``; float32 logits at positions ``last``
+        (``[rows, vocab]``), or at every position when ``last`` is None (``[rows, length, vocab]``)."""
 
-    def _rope_qkv(self, layer: _Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """Project ``h [..., hidden]`` to rotated q ``[..., H, d]``, rotated k and v ``[..., KV, d]``."""
-        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = F.linear(h, layer.qkv_weight, layer.qkv_bias).unflatten(-1, (heads + 2 * kv_heads, dim))
-        qk, v = qkv[..., : heads + kv_heads, :], qkv[..., heads + kv_heads :, :]
-        if layer.q_norm is not None:
-            q = F.rms_norm(qk[..., :heads, :], (dim,), layer.q_norm, self.eps)
-            k = F.rms_norm(qk[..., heads:, :], (dim,), layer.k_norm, self.eps)
-            qk = torch.cat((q, k), -2)
-        qk = torch.addcmul(qk * cos, torch.roll(qk, dim // 2, -1), sin)
-        return qk[..., :heads, :], qk[..., heads:, :], v
-
-    def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
-        h = F.rms_norm(x, x.shape[-1:], layer.post_norm, self.eps)
-        gate, up = F.linear(h, layer.gate_up_weight, layer.gate_up_bias).chunk(2, -1)
-        return x + F.linear(self.act(gate) * up, layer.down_weight, layer.down_bias)
+    @abstractmethod
+    def _decode_forward(self, batch: int, span: int) -> None:
+        """One token for slots ``[0, batch)``: reads the static inputs, writes K/V and ``logits[:batch]``."""
 
     # --- prefill ------------------------------------------------------------------------------------------------
 
@@ -217,34 +167,6 @@ class DecoderModel:
         length = _bucket(longest, PREFILL_LENGTHS, self.max_seq_len)
         return (rows, length) if rows * length <= PREFILL_GRAPH_TOKENS else None
 
-    @torch.inference_mode()
-    def prompt_logits(self, prompt: list[int]) -> torch.Tensor:
-        """float32 logits ``[len(prompt), vocab]`` at every prompt position (TRT-LLM's context logits), computed
-        eagerly through the scratch slot, whose K/V no sequence reads."""
-        ids = torch.as_tensor([prompt], dtype=torch.long, device=self.device)
-        scratch = torch.full((1,), self.max_slots, dtype=torch.long, device=self.device)
-        return self._prefill_forward(ids, scratch, None)[0]
-
-    def _prefill_forward(self, ids: torch.Tensor, slot_index: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
-        """Prefill right-padded ``ids [rows, length]`` into ``slot_index``; float32 logits at positions ``last``
-        (``[rows, vocab]``), or at every position when ``last`` is None (``[rows, length, vocab]``)."""
-        rows, length = ids.shape
-        cos, sin = self.cos[:length, None, :], self.sin_signed[:length, None, :]
-        x = F.embedding(ids, self.embed)
-        for index, layer in enumerate(self.layers):
-            h = F.rms_norm(x, x.shape[-1:], layer.input_norm, self.eps)
-            q, k, v = (t.transpose(1, 2) for t in self._rope_qkv(layer, h, cos, sin))
-            self.k_cache[index, slot_index, :, :length] = k
-            self.v_cache[index, slot_index, :, :length] = v
-            # Right padding: a real query never attends past its own position, so causal masking suffices.
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling, enable_gqa=True)
-            x = x + F.linear(out.transpose(1, 2).flatten(2), layer.o_weight, layer.o_bias)
-            x = self._mlp(layer, x)
-        if last is not None:
-            x = x[torch.arange(rows, device=self.device), last]
-        x = F.rms_norm(x, x.shape[-1:], self.final_norm, self.eps)
-        return F.linear(x, self.lm_head).float()
-
     def _prefill_graph(self, rows: int, length: int):
         """The CUDA graph of a (rows, length) prefill bucket, its static inputs and its logits output."""
         entry = self._prefill_graphs.get((rows, length))
@@ -270,37 +192,6 @@ class DecoderModel:
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             output = forward()
         return graph, output
-
-    # --- decode -------------------------------------------------------------------------------------------------
-
-    def _decode_forward(self, batch: int, span: int) -> None:
-        """One token for slots ``[0, batch)``: reads the static inputs, writes K/V and ``logits[:batch]``."""
-        kv_heads, dim = self.num_kv_heads, self.head_dim
-        groups = self.num_heads // kv_heads
-        positions = self.positions[:batch]
-        cos, sin = self.cos[positions][:, None, :], self.sin_signed[positions][:, None, :]
-        write_index = positions.view(batch, 1, 1, 1).expand(batch, kv_heads, 1, dim)
-        keys = torch.arange(span, device=self.device)
-        mask = torch.zeros(batch, span, dtype=self.dtype, device=self.device)
-        mask.masked_fill_(keys[None, :] > positions[:, None], float("-inf"))
-        mask = mask[:, None, None, :].expand(batch, kv_heads, groups, span).reshape(batch * kv_heads, groups, span)
-        x = F.embedding(self.tokens[:batch], self.embed)
-        for index, layer in enumerate(self.layers):
-            h = F.rms_norm(x, x.shape[-1:], layer.input_norm, self.eps)
-            q, k, v = self._rope_qkv(layer, h, cos, sin)
-            k_cache, v_cache = self.k_cache[index, :batch], self.v_cache[index, :batch]
-            k_cache.scatter_(2, write_index, k.unsqueeze(2))
-            v_cache.scatter_(2, write_index, v.unsqueeze(2))
-            q = q.reshape(batch * kv_heads, groups, dim)
-            keys_view = k_cache[:, :, :span].flatten(0, 1)
-            values_view = v_cache[:, :, :span].flatten(0, 1)
-            scores = torch.baddbmm(mask, q, keys_view.transpose(1, 2), alpha=self.scaling)
-            probs = torch.softmax(scores, -1)  # accumulates in float32 for half types
-            out = torch.bmm(probs, values_view).view(batch, -1)
-            x = x + F.linear(out, layer.o_weight, layer.o_bias)
-            x = self._mlp(layer, x)
-        x = F.rms_norm(x, x.shape[-1:], self.final_norm, self.eps)
-        torch.mm(x, self.lm_head.t(), out=self.logits[:batch])
 
     @torch.inference_mode()
     def decode(self, batch: int, span: int) -> torch.Tensor:
@@ -346,3 +237,159 @@ class DecoderModel:
         """After a decode step: feed ``next_tokens`` next, one position further on (running slots only)."""
         self.tokens[:batch].copy_(next_tokens)
         self.positions[:batch].add_(self.active[:batch])
+
+
+class DecoderModel(SlotModel):
+    """A Hugging Face causal LM (Qwen2/Qwen3/Llama) over a static KV cache."""
+
+    def __init__(self, causal_lm: torch.nn.Module, *, max_slots: int, max_seq_len: int, cuda_graphs: bool = True):
+        super().__init__(
+            device=causal_lm.lm_head.weight.device,
+            dtype=causal_lm.lm_head.weight.dtype,
+            vocab_size=causal_lm.lm_head.weight.shape[0],
+            max_slots=max_slots,
+            max_seq_len=max_seq_len,
+            cuda_graphs=cuda_graphs,
+        )
+        config = causal_lm.config
+        base = causal_lm.model
+        attention = base.layers[0].self_attn
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = attention.head_dim
+        self.scaling = attention.scaling
+        self.eps = config.rms_norm_eps
+        self.act = base.layers[0].mlp.act_fn
+        self.layers = [self._extract(layer) for layer in base.layers]
+        self.embed = base.embed_tokens.weight.detach()
+        self.final_norm = base.norm.weight.detach()
+        self.lm_head = causal_lm.lm_head.weight.detach()
+        with torch.no_grad():
+            positions = torch.arange(max_seq_len, device=self.device)[None]
+            cos, sin = base.rotary_emb(self.embed[:1], positions)
+        half = self.head_dim // 2
+        self.cos = cos[0].to(self.dtype).contiguous()
+        # rotate_half(x) * sin == roll(x, half) * [-sin_low, sin_high]
+        self.sin_signed = torch.cat((-sin[0, :, :half], sin[0, :, half:]), -1).to(self.dtype).contiguous()
+
+        # One slot per sequence, plus a scratch slot (index max_slots) for the padding rows of a prefill.
+        cache_shape = (len(self.layers), max_slots + 1, self.num_kv_heads, max_seq_len, self.head_dim)
+        self.k_cache = torch.zeros(cache_shape, dtype=self.dtype, device=self.device)
+        self.v_cache = torch.zeros(cache_shape, dtype=self.dtype, device=self.device)
+
+    @staticmethod
+    def _extract(layer: torch.nn.Module) -> _Layer:
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv_weight, qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+        gate_up_weight, gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj])
+        q_norm = getattr(attn, "q_norm", None)
+        k_norm = getattr(attn, "k_norm", None)
+        return _Layer(
+            input_norm=layer.input_layernorm.weight.detach(),
+            post_norm=layer.post_attention_layernorm.weight.detach(),
+            qkv_weight=qkv_weight,
+            qkv_bias=qkv_bias,
+            o_weight=attn.o_proj.weight.detach(),
+            o_bias=_bias(attn.o_proj),
+            q_norm=None if q_norm is None else q_norm.weight.detach(),
+            k_norm=None if k_norm is None else k_norm.weight.detach(),
+            gate_up_weight=gate_up_weight,
+            gate_up_bias=gate_up_bias,
+            down_weight=mlp.down_proj.weight.detach(),
+            down_bias=_bias(mlp.down_proj),
+        )
+
+    @classmethod
+    def from_pretrained(
+        cls, model_dir: str, *, dtype: torch.dtype, device: str, max_slots: int, max_seq_len: int, cuda_graphs: bool
+    ) -> DecoderModel:
+        """Load a checkpoint folder with transformers and keep only the weights this forward pass uses."""
+        from transformers import AutoModelForCausalLM
+
+        causal_lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+        return cls(causal_lm, max_slots=max_slots, max_seq_len=max_seq_len, cuda_graphs=cuda_graphs)
+
+    def weight_bytes(self) -> int:
+        """Bytes of weights a decode step reads (every layer, the final norm and the LM head)."""
+        tensors = [self.final_norm, self.lm_head]
+        for layer in self.layers:
+            tensors.extend(value for value in vars(layer).values() if value is not None)
+        return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+
+    # --- layers -------------------------------------------------------------------------------------------------
+
+    def _rope_qkv(self, layer: _Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Project ``h [..., hidden]`` to rotated q ``[..., H, d]``, rotated k and v ``[..., KV, d]``."""
+        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = F.linear(h, layer.qkv_weight, layer.qkv_bias).unflatten(-1, (heads + 2 * kv_heads, dim))
+        qk, v = qkv[..., : heads + kv_heads, :], qkv[..., heads + kv_heads :, :]
+        if layer.q_norm is not None:
+            q = F.rms_norm(qk[..., :heads, :], (dim,), layer.q_norm, self.eps)
+            k = F.rms_norm(qk[..., heads:, :], (dim,), layer.k_norm, self.eps)
+            qk = torch.cat((q, k), -2)
+        qk = torch.addcmul(qk * cos, torch.roll(qk, dim // 2, -1), sin)
+        return qk[..., :heads, :], qk[..., heads:, :], v
+
+    def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
+        h = F.rms_norm(x, x.shape[-1:], layer.post_norm, self.eps)
+        gate, up = F.linear(h, layer.gate_up_weight, layer.gate_up_bias).chunk(2, -1)
+        return x + F.linear(self.act(gate) * up, layer.down_weight, layer.down_bias)
+
+    @torch.inference_mode()
+    def prompt_logits(self, prompt: list[int]) -> torch.Tensor:
+        """float32 logits ``[len(prompt), vocab]`` at every prompt position (TRT-LLM's context logits), computed
+        eagerly through the scratch slot, whose K/V no sequence reads."""
+        ids = torch.as_tensor([prompt], dtype=torch.long, device=self.device)
+        scratch = torch.full((1,), self.max_slots, dtype=torch.long, device=self.device)
+        return self._prefill_forward(ids, scratch, None)[0]
+
+    def _prefill_forward(self, ids: torch.Tensor, slot_index: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
+        """Prefill right-padded ``ids [rows, length]`` into ``slot_index``; float32 logits at positions ``last``
+        (``[rows, vocab]``), or at every position when ``last`` is None (``[rows, length, vocab]``)."""
+        rows, length = ids.shape
+        cos, sin = self.cos[:length, None, :], self.sin_signed[:length, None, :]
+        x = F.embedding(ids, self.embed)
+        for index, layer in enumerate(self.layers):
+            h = F.rms_norm(x, x.shape[-1:], layer.input_norm, self.eps)
+            q, k, v = (t.transpose(1, 2) for t in self._rope_qkv(layer, h, cos, sin))
+            self.k_cache[index, slot_index, :, :length] = k
+            self.v_cache[index, slot_index, :, :length] = v
+            # Right padding: a real query never attends past its own position, so causal masking suffices.
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling, enable_gqa=True)
+            x = x + F.linear(out.transpose(1, 2).flatten(2), layer.o_weight, layer.o_bias)
+            x = self._mlp(layer, x)
+        if last is not None:
+            x = x[torch.arange(rows, device=self.device), last]
+        x = F.rms_norm(x, x.shape[-1:], self.final_norm, self.eps)
+        return F.linear(x, self.lm_head).float()
+
+    # --- decode -------------------------------------------------------------------------------------------------
+
+    def _decode_forward(self, batch: int, span: int) -> None:
+        """One token for slots ``[0, batch)``: reads the static inputs, writes K/V and ``logits[:batch]``."""
+        kv_heads, dim = self.num_kv_heads, self.head_dim
+        groups = self.num_heads // kv_heads
+        positions = self.positions[:batch]
+        cos, sin = self.cos[positions][:, None, :], self.sin_signed[positions][:, None, :]
+        write_index = positions.view(batch, 1, 1, 1).expand(batch, kv_heads, 1, dim)
+        keys = torch.arange(span, device=self.device)
+        mask = torch.zeros(batch, span, dtype=self.dtype, device=self.device)
+        mask.masked_fill_(keys[None, :] > positions[:, None], float("-inf"))
+        mask = mask[:, None, None, :].expand(batch, kv_heads, groups, span).reshape(batch * kv_heads, groups, span)
+        x = F.embedding(self.tokens[:batch], self.embed)
+        for index, layer in enumerate(self.layers):
+            h = F.rms_norm(x, x.shape[-1:], layer.input_norm, self.eps)
+            q, k, v = self._rope_qkv(layer, h, cos, sin)
+            k_cache, v_cache = self.k_cache[index, :batch], self.v_cache[index, :batch]
+            k_cache.scatter_(2, write_index, k.unsqueeze(2))
+            v_cache.scatter_(2, write_index, v.unsqueeze(2))
+            q = q.reshape(batch * kv_heads, groups, dim)
+            keys_view = k_cache[:, :, :span].flatten(0, 1)
+            values_view = v_cache[:, :, :span].flatten(0, 1)
+            scores = torch.baddbmm(mask, q, keys_view.transpose(1, 2), alpha=self.scaling)
+            probs = torch.softmax(scores, -1)  # accumulates in float32 for half types
+            out = torch.bmm(probs, values_view).view(batch, -1)
+            x = x + F.linear(out, layer.o_weight, layer.o_bias)
+            x = self._mlp(layer, x)
+        x = F.rms_norm(x, x.shape[-1:], self.final_norm, self.eps)
+        torch.mm(x, self.lm_head.t(), out=self.logits[:batch])

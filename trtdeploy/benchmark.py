@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from .deployment import Deployment, find_latest
 from .errors import Interrupted, ServerError, TrtDeployError, UsageError
-from .perf.asr import AsrSettings, check_whisper, score_reports
+from .perf.asr import WHISPER_MODEL, AsrSettings, check_whisper, score_reports
 from .perf.control import check_url
 from .perf.loadgen import level_label
 from .perf.metrics import check_slo_limits
@@ -232,7 +232,54 @@ def _asr_headers(url: str) -> dict[str, str]:
     """The key to the restricted APIs of the Whisper server at ``url``, when trtdeploy started it here."""
     from .server import current_server
 
-    return current_server(check_url(url, flag="--asr-url")).restricted_headers("grpc")
+    return current_server(check_url(url, flag="--asr")).restricted_headers("grpc")
+
+
+#: The not-decoupled Whisper model of a streaming deployment (its ``whisper_bls`` streams partial transcripts).
+WHISPER_OFFLINE_MODEL = "whisper_bls_offline"
+
+
+def resolve_asr(target: str, *, model: str | None = None, language: str | None = None) -> AsrSettings:
+    """Where ``--asr TARGET`` transcribes: a Whisper deployment folder (the running server ``trtdeploy serve``
+    started for it, and its model that answers in one response: ``whisper_bls`` of an offline deployment,
+    ``whisper_bls_offline`` of a streaming one) or ``HOST:PORT`` of a Triton serving ``whisper_bls``. ``model``
+    overrides the model's name. Nothing is contacted here: :func:`benchmark` checks the model before the load."""
+    from .server import servers_of
+
+    folder = Path(target).expanduser()
+    if not folder.is_dir():
+        if folder.exists():
+            raise UsageError(f"--asr {target}: not a folder", hint="pass a whisper deployment folder or HOST:PORT")
+        if ":" not in target:
+            raise UsageError(
+                f"--asr {target}: no such folder, and not HOST:PORT",
+                hint="pass a whisper deployment folder, or the gRPC HOST:PORT of a Triton serving whisper_bls",
+            )
+        check_url(target, flag="--asr", schemes=("grpc",), example="e.g. --asr localhost:8001 (Triton's gRPC)")
+        return AsrSettings(url=target, model=model or WHISPER_MODEL, language=language)
+    try:
+        deployment = Deployment.load(folder)
+    except TrtDeployError as exc:
+        raise type(exc)(f"--asr {target}: {exc.message}", hint=exc.hint) from None
+    if WHISPER_MODEL not in deployment.models:
+        raise UsageError(
+            f"--asr {target}: {deployment.path} is a {deployment.model} deployment, not a whisper one "
+            f"(it has no {WHISPER_MODEL} model)",
+            hint="pass a deployment built with `trtdeploy build whisper`, or HOST:PORT of a Whisper server",
+        )
+    default = WHISPER_OFFLINE_MODEL if deployment.decoupled else WHISPER_MODEL
+    serving = servers_of(deployment.path)
+    if not serving:
+        raise ServerError(
+            f"--asr {target}: no running server serves the whisper deployment {deployment.path}",
+            hint=f"run `trtdeploy serve {deployment.path} --background --grpc-port PORT` (ports other than the "
+            "TTS server's), then perf again",
+        )
+    info = serving[0]
+    assert info.grpc_url is not None
+    return AsrSettings(
+        url=info.grpc_url, model=model or default, language=language, headers=info.restricted_headers("grpc")
+    )
 
 
 def _where_it_stopped(writer: ReportWriter) -> str:
@@ -261,11 +308,12 @@ def benchmark(
     endpoint, deployment = resolve_target(settings, warn)
     workload = resolve_workload(deployment, settings.model)
     asr = settings.asr
-    if workload.family == "tts":
-        if settings.inputs.isl is not None:
-            raise UsageError("--isl sets the prompt length of LLM workloads; speech inputs have no token length")
-    elif asr is not None:
-        raise UsageError(f"--asr-url scores speech; {workload.model_name!r} is not a TTS model")
+    if workload.family != "llm" and settings.inputs.isl is not None:
+        raise UsageError("--isl sets the prompt length of LLM workloads; speech inputs have no token length")
+    if asr is not None and workload.family != "tts":
+        raise UsageError(f"--asr/--asr-url scores speech; {workload.model_name!r} is not a TTS model")
+    if settings.options.text_prefix is not None and workload.family != "asr":
+        raise UsageError(f"--text-prefix is the decoder prompt of Whisper; {workload.model_name!r} is not an ASR model")
     if asr is not None:
         asr = replace(asr, headers=asr.headers or _asr_headers(asr.url))
         asyncio.run(check_whisper(asr.url, asr.model, asr.headers))

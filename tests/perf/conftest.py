@@ -96,6 +96,20 @@ def write_fake_repo(root: Path, names: Iterable[str] = FAKE_MODELS, tokenizer_di
     return root
 
 
+def write_fake_whisper(dest: Path, *, decoupled: bool = False, length_inputs: bool = True) -> Path:
+    """The fake whisper_bls (models/fake_whisper) as the model folder ``dest``: streaming partial transcripts when
+    ``decoupled``; without MAX_NEW_TOKENS/IGNORE_EOS (NVIDIA's contract exactly) unless ``length_inputs``."""
+    shutil.copytree(MODELS / "fake_whisper", dest, ignore=shutil.ignore_patterns("__pycache__"))
+    config = (dest / "config.pbtxt").read_text()
+    if not length_inputs:
+        config = "".join(line for line in config.splitlines(keepends=True) if "optional: true" not in line)
+        config = config.replace("TYPE_INT32, dims: [ 1 ] },\n]", "TYPE_INT32, dims: [ 1 ] }\n]")
+    if decoupled:
+        config += "model_transaction_policy { decoupled: true }\n"
+    (dest / "config.pbtxt").write_text(config)
+    return dest
+
+
 def write_tiny_tokenizer(dest: Path) -> Path:
     """A byte-level BPE trained on a few sentences, saved so that AutoTokenizer loads it offline."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

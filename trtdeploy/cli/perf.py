@@ -88,7 +88,8 @@ def perf(
         Path | None,
         typer.Option(
             help='Inputs file. LLMs: jsonl, one {"input": ..., "output": ...} per line. TTS: jsonl of '
-            "reference_audio, reference_text, target_text, or a seed-tts-eval folder or meta.lst."
+            "reference_audio, reference_text, target_text, or a seed-tts-eval folder or meta.lst. ASR: jsonl of "
+            "audio (a path), text (the reference), optional language, or a Kaldi folder (wav.scp + text or trans.txt)."
         ),
     ] = None,
     dataset: Annotated[
@@ -96,10 +97,15 @@ def perf(
     ] = None,
     split: Annotated[str | None, typer.Option(help="Dataset split (default: the only one).")] = None,
     column: Annotated[
-        str | None, typer.Option(help="Dataset column of the prompts (default: input, text, prompt or question).")
+        str | None,
+        typer.Option(help="Dataset column of the prompts (default: input, text, prompt or question; ASR: audio)."),
     ] = None,
     reference_column: Annotated[
-        str | None, typer.Option(help="Dataset column of expected outputs, for accuracy (default: output).")
+        str | None,
+        typer.Option(
+            help="Dataset column of expected outputs, for accuracy (default: output; ASR: text, sentence or "
+            "transcription)."
+        ),
     ] = None,
     isl: Annotated[
         int | None,
@@ -111,12 +117,17 @@ def perf(
     osl: Annotated[
         int | None,
         typer.Option(
-            help="Tokens to generate per request (default: 128, or the deployment's max_output_len if smaller; "
-            "more is refused)."
+            help="Tokens to generate per request (LLMs' default: 128, or the deployment's max_output_len if smaller; "
+            "more is refused). ASR: the transcript's length cap (MAX_NEW_TOKENS), none by default."
         ),
     ] = None,
     ignore_eos: Annotated[
-        bool, typer.Option("--ignore-eos", help="Generate past end-of-sequence: exactly --osl tokens (end_id -1).")
+        bool,
+        typer.Option(
+            "--ignore-eos",
+            help="Generate past end-of-sequence: exactly --osl tokens (end_id -1; ASR: IGNORE_EOS, and without --osl "
+            "each row's max_tokens).",
+        ),
     ] = False,
     temperature: Annotated[
         float | None,
@@ -128,6 +139,14 @@ def perf(
     top_k: Annotated[int | None, typer.Option(help="Sample from the K most likely tokens (0: off).")] = None,
     top_p: Annotated[
         float | None, typer.Option(help="Sample from the most likely tokens holding probability P, 0 < P <= 1.")
+    ] = None,
+    text_prefix: Annotated[
+        str | None,
+        typer.Option(
+            help="ASR: Whisper's decoder prompt (TEXT_PREFIX) for every request, e.g. "
+            "'<|startoftranscript|><|zh|><|transcribe|><|notimestamps|>' (default: each input row's language, "
+            "else the one its reference is written in, else English); its language is the one scored."
+        ),
     ] = None,
     seed: Annotated[
         int, typer.Option(help="Seed of synthetic prompts, arrivals, and sampling (with --temperature).")
@@ -150,22 +169,30 @@ def perf(
         Path | None, typer.Option(help="Where reports go (default: perf-results/<model>-<timestamp>/).")
     ] = None,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write latency and throughput plots.")] = True,
-    asr_url: Annotated[
+    asr: Annotated[
         str | None,
         typer.Option(
-            help="TTS: transcribe the generated speech with the Whisper model served at this gRPC HOST:PORT and "
-            "report WER/CER against the target texts (seed-tts-eval's rules). Needs a Whisper deployment: "
-            "NVIDIA's whisper_bls contract (TEXT_PREFIX, WAV, WAV_LENS -> TRANSCRIPTS)."
+            "--asr",
+            help="TTS: transcribe the generated speech with Whisper and report WER/CER against the target texts "
+            "(seed-tts-eval's rules). A whisper deployment folder (served by `trtdeploy serve`), or the gRPC "
+            "HOST:PORT of a Triton with NVIDIA's whisper_bls contract (TEXT_PREFIX, WAV, WAV_LENS -> TRANSCRIPTS).",
         ),
     ] = None,
-    asr_model: Annotated[str, typer.Option(help="The Whisper model's name at --asr-url.")] = "whisper_bls",
+    asr_url: Annotated[str | None, typer.Option(hidden=True, help="Deprecated: the same as --asr.")] = None,
+    asr_model: Annotated[
+        str | None,
+        typer.Option(
+            help="The Whisper model's name for --asr (default: whisper_bls; of a streaming whisper deployment, "
+            "whisper_bls_offline)."
+        ),
+    ] = None,
     asr_language: Annotated[
         str | None, typer.Option(help="en or zh for every utterance (default: told from each target text).")
     ] = None,
     json: JsonOpt = False,
 ) -> None:
     """Benchmark a served deployment per concurrency level or request rate: TTFT, ITL, latency and throughput (TTS:
-    first-chunk latency, RTF, saved audio, WER/CER with --asr-url)."""
+    first-chunk latency, RTF, saved audio, WER/CER with --asr; ASR: latency, RTF, WER/CER of the transcripts)."""
     levels = parse_int_list(concurrency or "1", name="--concurrency")
     if concurrency is not None and request_rate is not None:
         raise UsageError(
@@ -174,10 +201,14 @@ def perf(
         )
     if asr_language not in (None, "en", "zh"):
         raise UsageError(f"--asr-language must be en or zh, got {asr_language!r}")
+    if asr is not None and asr_url is not None:
+        raise UsageError("--asr and --asr-url are the same option", hint="pass --asr only")
+    if asr_url is not None:
+        warn("--asr-url is deprecated: pass --asr HOST:PORT (or --asr WHISPER_DEPLOYMENT_FOLDER)")
+        asr = asr_url
     if not 0.0 <= max_error_rate <= 1.0:
         raise UsageError(f"--max-error-rate must be between 0 and 1, got {max_error_rate:g}", hint="e.g. 0.01")
-    from ..benchmark import PerfSettings, benchmark
-    from ..perf.asr import AsrSettings
+    from ..benchmark import PerfSettings, benchmark, resolve_asr
     from ..perf.report import LiveProgress, print_table
     from ..perf.runner import InputSpec, LoadSettings
     from ..perf.workload import RequestOptions
@@ -216,11 +247,12 @@ def perf(
             top_k=top_k,
             top_p=top_p,
             seed=seed if temperature is not None else None,
+            text_prefix=text_prefix,
         ),
         slo=_parse_slo(slo) if slo else {},
         output_dir=output_dir,
         plots=plots,
-        asr=AsrSettings(url=asr_url, model=asr_model, language=asr_language) if asr_url else None,
+        asr=resolve_asr(asr, model=asr_model, language=asr_language) if asr is not None else None,
     )
     with stop_signals_as_interrupt(), LiveProgress(err) as progress:  # SIGTERM keeps the results as Ctrl-C does
         run = benchmark(settings, progress=progress, warn=warn)

@@ -65,21 +65,23 @@ _STRIP = str.maketrans(dict.fromkeys((string.punctuation + CHINESE_PUNCTUATION).
 #: CJK ideographs (unified, extensions A to H, compatibility, and the ideographic number zero).
 _HAN = re.compile("[\u3007\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f\U00030000-\U000323af]")
 
+#: The Whisper model of NVIDIA's Triton repository, and of a trtdeploy whisper deployment.
+WHISPER_MODEL = "whisper_bls"
 WHISPER_INPUTS = {"TEXT_PREFIX": "BYTES", "WAV": "FP32", "WAV_LENS": "INT32"}
 WHISPER_OUTPUTS = {"TRANSCRIPTS": "BYTES"}
 _CONTRACT_HINT = (
     "a Whisper model takes TEXT_PREFIX (BYTES), WAV (FP32), WAV_LENS (INT32) and answers TRANSCRIPTS (BYTES), "
     "as TensorRT-LLM's whisper_bls does; name it with --asr-model"
 )
-_URL_HINT = "pass --asr-url HOST:PORT, the gRPC port of a Triton serving Whisper (whisper_bls)"
+_URL_HINT = "pass --asr WHISPER_DEPLOYMENT (served), or --asr HOST:PORT, the gRPC port of a Triton serving whisper_bls"
 
 
 @dataclass(frozen=True)
 class AsrSettings:
-    """Where generated speech is transcribed for WER/CER (``--asr-url``): a Whisper model on Triton (gRPC)."""
+    """Where generated speech is transcribed for WER/CER (``--asr``): a Whisper model on Triton (gRPC)."""
 
     url: str
-    model: str = "whisper_bls"
+    model: str = WHISPER_MODEL
     #: ``en``, ``zh``, or None to tell each utterance's language from its text.
     language: str | None = None
     concurrency: int = 4
@@ -200,7 +202,7 @@ def whisper_prefix(language: str) -> str:
 
 
 def _address(url: str) -> str:
-    return check_url(url, flag="--asr-url", schemes=("grpc",), example="e.g. --asr-url localhost:8001 (Triton's gRPC)")
+    return check_url(url, flag="--asr", schemes=("grpc",), example="e.g. --asr localhost:8001 (Triton's gRPC)")
 
 
 def _wav(wav: Any, index: int) -> np.ndarray:

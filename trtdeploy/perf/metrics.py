@@ -47,8 +47,10 @@ DEFINITIONS = {
     "output and reference, over the same requests",
     "first_chunk_ms": "TTS: first chunk with audio minus send time",
     "second_chunk_ms": "TTS: second chunk minus first chunk",
-    "rtf": "TTS: E2E / audio seconds of one request (lower is better)",
-    "rtf_aggregate": "TTS: window / total audio seconds",
+    "first_partial_ms": "ASR, streamed: first response with a non-empty transcript minus send time",
+    "rtf": "E2E / audio seconds of one request (TTS: the audio produced; ASR: the audio sent; lower is better)",
+    "rtf_aggregate": "TTS and ASR: window / total audio seconds of the successful requests",
+    "audio_seconds_per_second": "ASR: total audio seconds of the successful requests / window",
     "input_rows_reused": "measured requests sent with an input row that an earlier request of the run (warmup "
     "included) was sent with: 0 unless the input has fewer rows than the run sends, or --reuse-rows asks for it",
     "planned_requests": "measured requests the level was to send (fewer were sent when it ended early)",
@@ -60,10 +62,16 @@ DEFINITIONS = {
     "scheduling_lag_ms": "request rate: send time minus the Poisson arrival time it was due at",
     "client_cpu_utilization": "CPU seconds of the busiest client process / window; near 1 the client, not "
     "the server, may be the bottleneck",
-    "asr": "intelligibility of the first measured request of each input row, transcribed by Whisper: punctuation "
-    "(ASCII and Chinese, but the apostrophe) stripped, English lower-cased and scored per word, Chinese per "
-    "character (seed-tts-eval's rules); wer_mean/cer_mean: mean of the per-utterance rates (seed-tts-eval's "
-    "number, as a fraction); wer_corpus/cer_corpus: all errors / all reference words or characters",
+    "asr": "TTS: intelligibility of the first measured request of each input row, transcribed by Whisper: "
+    "punctuation (ASCII and Chinese, but the apostrophe) stripped, English lower-cased and scored per word, Chinese "
+    "per character (seed-tts-eval's rules); wer_mean/cer_mean: mean of the per-utterance rates (seed-tts-eval's "
+    "number, as a fraction); wer_corpus/cer_corpus: all errors / all reference words or characters. ASR: every "
+    "successful measured request with a reference transcript, normalised as Whisper's evaluation does (English: "
+    "its English normaliser and spelling map, scored per word; Chinese: its basic normaliser, scored per character "
+    "without spaces; other languages: the basic normaliser, per word), aligned by jiwer; wer_* over the utterances "
+    "scored per word, cer_* over those scored per character; *_mean: mean of the per-utterance rates; *_corpus: "
+    "all errors / all reference words or characters; unscored: requests without a reference (synthetic speech has "
+    "none); each request's alignment is in requests.jsonl under 'asr'",
     "statistics": "count, mean, population std, min, p50/p90/p95/p99 (linear interpolation), max",
 }
 PERCENTILES = (50, 90, 95, 99)
@@ -75,6 +83,8 @@ def slo_keys(family: str, stream: bool) -> tuple[str, ...]:
     """The metrics ``--slo`` may bound for a family and mode (all in ms except the RTF)."""
     if family == "tts":
         return ("first_chunk_ms", "e2e_ms", "rtf") if stream else ("e2e_ms", "rtf")
+    if family == "asr":
+        return ("first_partial_ms", "e2e_ms", "rtf") if stream else ("e2e_ms", "rtf")
     return ("ttft_ms", "itl_ms", "e2e_ms") if stream else ("e2e_ms",)
 
 
@@ -172,6 +182,11 @@ def request_metrics(rec: Record, *, stream: bool, family: str) -> dict[str, Any]
         out["rtf"] = e2e_ms / 1e3 / audio if audio else None
         out["audio_seconds"] = audio
         out["underruns"] = underruns(rec.chunk_ns, rec.chunk_audio) if stream else None
+    elif family == "asr":
+        audio = rec.audio_seconds
+        out["first_partial_ms"] = first_ms
+        out["rtf"] = e2e_ms / 1e3 / audio if audio else None
+        out["audio_seconds"] = audio
     else:
         tokens, first_tokens = rec.output_tokens, rec.first_chunk_tokens
         out["ttft_ms"] = first_ms
@@ -180,7 +195,7 @@ def request_metrics(rec: Record, *, stream: bool, family: str) -> dict[str, Any]
         itl = out["itl_ms"]
         out["output_tokens_per_user"] = 1e3 / itl if itl else None
     out["icl_ms"] = gaps
-    if rec.reference is not None and rec.text is not None:
+    if family == "llm" and rec.reference is not None and rec.text is not None:
         out["exact_match"] = normalize_text(rec.text) == normalize_text(str(rec.reference))
         out["rouge_l_f1"] = rouge_l_f1(rec.text, str(rec.reference))
     return out
@@ -209,7 +224,56 @@ def _per_second(amount: float | None, window_s: float) -> float | None:
 _SERIES = {
     "llm": ("ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_user", "input_tokens", "output_tokens"),
     "tts": ("first_chunk_ms", "second_chunk_ms", "e2e_ms", "rtf"),
+    "asr": ("first_partial_ms", "e2e_ms", "rtf"),
 }
+#: ASR transcript scores per metric: the prefix of their counts in a level's ``asr`` summary.
+_UNITS = {"wer": ("word", "words"), "cer": ("char", "chars")}
+
+
+class TranscriptTotals:
+    """The ASR scores of a level, summed one request at a time (see ``DEFINITIONS["asr"]``)."""
+
+    def __init__(self) -> None:
+        self.unscored = 0
+        self.languages: Counter[str] = Counter()
+        #: metric -> [utterances, sum of rates, errors, reference length, substitutions, deletions, insertions]
+        self.totals: dict[str, list[float]] = {}
+
+    def add(self, accuracy: Mapping[str, Any] | None) -> None:
+        if accuracy is None:
+            self.unscored += 1
+            return
+        self.languages[accuracy["language"]] += 1
+        total = self.totals.setdefault(accuracy["metric"], [0, 0.0, 0, 0, 0, 0, 0])
+        keys = ("rate", "errors", "reference_length", "substitutions", "deletions", "insertions")
+        total[0] += 1
+        for index, key in enumerate(keys, start=1):
+            total[index] += accuracy[key]
+
+    def summary(self) -> dict[str, Any]:
+        scored = sum(self.languages.values())
+        out: dict[str, Any] = {
+            "normalizer": "whisper",
+            "scored": scored,
+            "unscored": self.unscored,
+            "unscored_reason": "no reference transcript" if self.unscored else None,
+            "languages": dict(sorted(self.languages.items())),
+        }
+        for metric, (unit, units) in _UNITS.items():
+            count, rates, errors, length, subs, dels, ins = self.totals.get(metric, [0, 0.0, 0, 0, 0, 0, 0])
+            out.update(
+                {
+                    f"{metric}_utterances": count,
+                    f"{metric}_mean": rates / count if count else None,
+                    f"{metric}_corpus": errors / length if length else None,
+                    f"{unit}_errors": errors,
+                    units: length,
+                    f"{unit}_substitutions": subs,
+                    f"{unit}_deletions": dels,
+                    f"{unit}_insertions": ins,
+                }
+            )
+        return out
 
 
 class LevelStats:
@@ -228,7 +292,7 @@ class LevelStats:
         self.last_end: int | None = None
         self.busy_ns = 0
         self.audio_seconds = 0.0
-        self.series = {name: array("d") for name in _SERIES["tts" if family == "tts" else "llm"]}
+        self.series = {name: array("d") for name in _SERIES[family if family in _SERIES else "llm"]}
         self.icl = array("d")
         self.lags = array("d")
         self.errors: Counter[str] = Counter()
@@ -238,6 +302,7 @@ class LevelStats:
         self.output_total: int | None = 0
         self.accuracy = [0, 0, 0.0]  # requests scored, exact matches, sum of ROUGE-L F1
         self.scores: dict[str, list[float]] = {}  # name -> [sum, count]
+        self.transcripts = TranscriptTotals()
 
     def metrics(self, rec: Record) -> dict[str, Any] | None:
         """The per-request metrics of a decoded record (None for a failed one): computed once per record, for the
@@ -270,7 +335,10 @@ class LevelStats:
                 self.token_sources.add(rec.token_source)
         else:
             self.audio_seconds += metrics["audio_seconds"] or 0.0
-            self.underrun_requests += bool(metrics["underruns"])
+            if self.family == "tts":
+                self.underrun_requests += bool(metrics["underruns"])
+            else:
+                self.transcripts.add(rec.accuracy)
         for name, series in self.series.items():
             if values.get(name) is not None:
                 series.append(values[name])
@@ -322,6 +390,16 @@ class LevelStats:
                 e2e_ms=series["e2e_ms"],
                 rtf=series["rtf"],
                 underrun_requests=self.underrun_requests if self.stream else None,
+            )
+        elif self.family == "asr":
+            summary.update(
+                audio_seconds=self.audio_seconds,
+                rtf_aggregate=window_s / self.audio_seconds if self.audio_seconds > 0 else None,
+                audio_seconds_per_second=_per_second(self.audio_seconds, window_s),
+                first_partial_ms=series["first_partial_ms"],
+                e2e_ms=series["e2e_ms"],
+                rtf=series["rtf"],
+                asr=self.transcripts.summary(),
             )
         else:
             output_total = self.output_total if self.ok else None

@@ -42,6 +42,7 @@ class Record:
         "sample_rate",
         "label",
         "scores",
+        "accuracy",
     )
 
     def __init__(self, seq: int, row: int, warmup: bool) -> None:
@@ -86,4 +87,5 @@ class Record:
         self.sample_rate = result.sample_rate
         self.label = request.label
         self.scores = dict(result.scores)
+        self.accuracy = result.accuracy
         self.raw = None

@@ -81,7 +81,19 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
 
-_NAMES = {"first_chunk_ms": "1st chunk", "ttft_ms": "TTFT", "itl_ms": "ITL", "e2e_ms": "E2E"}
+_NAMES = {
+    "first_chunk_ms": "1st chunk",
+    "first_partial_ms": "1st partial",
+    "ttft_ms": "TTFT",
+    "itl_ms": "ITL",
+    "e2e_ms": "E2E",
+}
+#: Latencies shown per family, streamed and offline.
+_LATENCIES = {
+    "tts": (("first_chunk_ms", "e2e_ms"), ("e2e_ms",)),
+    "asr": (("first_partial_ms", "e2e_ms"), ("e2e_ms",)),
+    "llm": (("ttft_ms", "itl_ms", "e2e_ms"), ("e2e_ms",)),
+}
 
 
 def _stat(summary: dict[str, Any], metric: str, key: str) -> Any:
@@ -93,6 +105,12 @@ def _x_label(level: dict[str, Any]) -> str:
     return str(level["concurrency"]) if level["request_rate"] is None else f"{level['request_rate']:g}/s"
 
 
+def _has_scores(level: dict[str, Any]) -> bool:
+    """Whether the level has WER/CER: TTS speech transcribed (``--asr``), or ASR transcripts with references."""
+    scores = level.get("asr")
+    return bool(scores) and scores.get("scored", 1) > 0
+
+
 def results_table(summary: dict[str, Any]) -> Table:
     """The console table of a run: one row per level; latencies as p50/p99 in ms."""
     from rich import box
@@ -100,22 +118,24 @@ def results_table(summary: dict[str, Any]) -> Table:
 
     levels = summary["levels"]
     open_loop = any(level["request_rate"] is not None for level in levels)
-    tts = summary["family"] == "tts"
+    family = summary["family"]
+    audio = family in ("tts", "asr")  # latencies per second of audio: RTF instead of token throughput
     mode = "streaming" if summary["stream"] else "offline"
     table = Table(title=f"{summary['model']} ({mode}, {summary['protocol']})", box=box.SIMPLE_HEAD)
-    if tts:
-        metrics = ("first_chunk_ms", "e2e_ms") if summary["stream"] else ("e2e_ms",)
-    else:
-        metrics = ("ttft_ms", "itl_ms", "e2e_ms") if summary["stream"] else ("e2e_ms",)
-    columns = ["rate" if open_loop else "concurrency", "requests", "errors", "req/s", "RTF" if tts else "out tok/s"]
+    metrics = _LATENCIES.get(family, _LATENCIES["llm"])[0 if summary["stream"] else 1]
+    columns = ["rate" if open_loop else "concurrency", "requests", "errors", "req/s", "RTF" if audio else "out tok/s"]
+    if family == "asr":
+        columns.append("audio s/s")
     columns += [f"{_NAMES[metric]} p50/p99" for metric in metrics]
     if summary["stream"]:
         columns.append("ICL p99/max")  # a stalled stream shows here even when ITL averages it away
     columns.append("goodput")
-    asr = tts and any(level.get("asr") for level in levels)
-    if tts:
+    # WER/CER: seed-tts-eval's mean per utterance for TTS, the corpus rate for ASR
+    rate = "corpus" if family == "asr" else "mean"
+    scored = any(_has_scores(level) for level in levels)
+    if audio:
         columns.insert(columns.index("goodput"), "E2E avg")
-    if asr:
+    if scored:
         columns += ["WER", "CER"]
     for name in columns:
         table.add_column(name, justify="right")
@@ -123,25 +143,31 @@ def results_table(summary: dict[str, Any]) -> Table:
         ended_early = level.get("status", "complete") != "complete"
         label = _x_label(level) + ("*" if ended_early else "")
         row = [label, str(level["requests"]), str(level["errors"]), _num(level["request_throughput"])]
-        row.append(_num(level["rtf_aggregate"] if tts else level["output_token_throughput"]))
+        row.append(_num(level["rtf_aggregate"] if audio else level["output_token_throughput"]))
+        if family == "asr":
+            row.append(_num(level["audio_seconds_per_second"]))
         row += [f"{_num(_stat(level, m, 'p50'))}/{_num(_stat(level, m, 'p99'))}" for m in metrics]
         if summary["stream"]:
             row.append(f"{_num(_stat(level, 'icl_ms', 'p99'))}/{_num(_stat(level, 'icl_ms', 'max'))}")
-        if tts:
+        if audio:
             row.append(_num(_stat(level, "e2e_ms", "mean")))
         row.append(_num(level["goodput"]))
-        if asr:
+        if scored:
             scores = level.get("asr") or {}
-            row += [_percent(scores.get("wer_mean")), _percent(scores.get("cer_mean"))]
+            row += [_percent(scores.get(f"wer_{rate}")), _percent(scores.get(f"cer_{rate}"))]
         table.add_row(*row, style="red" if level["errors"] else None)
     notes = ["latencies in ms"]
     early = sorted({level["status"] for level in levels if level.get("status", "complete") != "complete"})
     if early:
         notes.append(f"[red]* ended early: {', '.join(status.replace('_', ' ') for status in early)}[/]")
-    if not tts and levels and levels[0].get("token_source"):
+    if family == "llm" and levels and levels[0].get("token_source"):
         notes.append(f"tokens: {levels[0]['token_source']}")
-    if asr:
+    if scored and family == "tts":
         notes.append("WER/CER: mean per utterance (seed-tts-eval)")
+    elif scored:
+        notes.append("WER/CER: corpus rates, Whisper's normalisers")
+    elif family == "asr":
+        notes.append("no WER/CER: the inputs have no reference transcripts")
     if summary.get("slo"):
         notes.append("goodput: req/s meeting " + ", ".join(f"{k}<={v:g}" for k, v in summary["slo"].items()))
     if any((level["client_cpu_utilization"] or 0) >= CLIENT_BUSY for level in levels):
@@ -224,6 +250,8 @@ def request_row(
         row["chunk_tokens"] = rec.chunk_tokens
         if family == "tts":
             row["chunk_audio_seconds"] = rec.chunk_audio
+        if rec.accuracy is not None:
+            row["asr"] = rec.accuracy
         row.update(
             input_tokens=rec.input_tokens,
             output_tokens=rec.output_tokens,
@@ -286,7 +314,7 @@ def write_plots(summary: dict[str, Any], output_dir: Path) -> list[Path]:
     open_loop = any(level["request_rate"] is not None for level in levels)
     xs = [level["request_rate"] if open_loop else level["concurrency"] for level in levels]
     x_label = "request rate (req/s)" if open_loop else "concurrency"
-    metrics = ("first_chunk_ms", "e2e_ms") if summary["family"] == "tts" else ("ttft_ms", "itl_ms", "e2e_ms")
+    metrics = _LATENCIES.get(summary["family"], _LATENCIES["llm"])[0]
 
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for metric in metrics:
@@ -308,7 +336,7 @@ def write_plots(summary: dict[str, Any], output_dir: Path) -> list[Path]:
         left.plot(xs, [level["goodput"] or 0 for level in levels], "--o", label="goodput")
     left.set(xlabel=x_label, ylabel="requests/s", title="request throughput")
     left.legend()
-    if summary["family"] == "tts":
+    if summary["family"] in ("tts", "asr"):
         right.plot(xs, [level["rtf_aggregate"] or 0 for level in levels], "-o")
         right.set(xlabel=x_label, ylabel="RTF (lower is better)", title="aggregate RTF")
     else:

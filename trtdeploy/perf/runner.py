@@ -215,6 +215,8 @@ class InputSpec:
             return str(self.input_data)
         if self.dataset is not None:
             return self.dataset + (f" [{self.split}]" if self.split else "")
+        if family == "asr":
+            return "synthetic speech (no reference transcripts: no WER/CER)"
         return "synthetic voices and sentences" if family == "tts" else f"synthetic isl={self.isl or DEFAULT_ISL}"
 
     def load(self, workload: Workload, load: LoadSettings) -> list[InputRow]:

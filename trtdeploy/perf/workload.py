@@ -29,8 +29,9 @@ from .inputs import InputRow, load_dataset_rows, load_jsonl
 if TYPE_CHECKING:
     import numpy as np
 
-#: Which metrics apply: ``llm`` (TTFT, ITL, token throughput) or ``tts`` (first-chunk latency, RTF, audio seconds).
-MetricFamily = Literal["llm", "tts"]
+#: Which metrics apply: ``llm`` (TTFT, ITL, token throughput), ``tts`` (first-chunk latency, RTF, audio seconds) or
+#: ``asr`` (first-partial latency, RTF of the audio sent, WER/CER of the transcripts).
+MetricFamily = Literal["llm", "tts", "asr"]
 #: Where output token counts come from: token ids the server returned, or the client re-tokenizing the text.
 TokenSource = Literal["server", "retokenized"]
 
@@ -131,6 +132,8 @@ class RequestOptions:
     #: In (0, 1].
     top_p: float | None = None
     seed: int | None = None
+    #: ASR: the decoder prompt (``TEXT_PREFIX``) of every request; None: each row's language, transcribed.
+    text_prefix: str | None = None
 
     def __post_init__(self) -> None:
         # written as "not (ok)" so that NaN is refused too
@@ -194,13 +197,16 @@ class Result:
     token_source: TokenSource | None = None
     #: The full output text (scored against the reference).
     text: str | None = None
-    #: Seconds of audio produced (TTS).
+    #: Seconds of audio produced (TTS), or sent (ASR).
     audio_seconds: float | None = None
     #: The audio produced (TTS; mono float32 at ``sample_rate``), saved beside the reports.
     audio: np.ndarray | None = None
     sample_rate: int | None = None
     #: Extra per-request scores (e.g. ``wer``); the report gives the mean of each over the level.
     scores: dict[str, float] = field(default_factory=dict)
+    #: ASR: the transcript scored against the reference (:func:`~trtdeploy.perf.asr_workload.score_transcript`);
+    #: None without a reference.
+    accuracy: dict[str, Any] | None = None
 
 
 class Workload(ABC):

@@ -12,14 +12,11 @@ import shutil
 import wave
 from pathlib import Path
 
-import numpy as np
 import pytest
-
-from trtdeploy.perf.report import write_wav
-from trtdeploy.perf.tts import synthetic_voice
 
 from ..conftest import run_cli
 from ..server.helpers import leftovers
+from .speech import inputs_file
 
 pytestmark = pytest.mark.server
 
@@ -61,19 +58,6 @@ def whisper_url(tmp_path_factory):
     shutil.copytree(MODELS / "fake_whisper", root / "repo" / "whisper_bls", ignore=shutil.ignore_patterns("__*"))
     with launch(root / "repo", log_file=root / "tritonserver.log", timeout=120, **off_default_ports()) as server:
         yield server.grpc_url
-
-
-def inputs_file(folder: Path) -> Path:
-    """A jsonl of three rows: references at 22.05 kHz (resampled by perf), one Chinese target."""
-    rows = []
-    for index, (seconds, target) in enumerate([(1.0, "Good morning."), (1.5, "今天天气很好。"), (0.8, "Bye now!")]):
-        write_wav(folder / f"ref{index}.wav", synthetic_voice(seconds, np.random.default_rng(index), 22050), 22050)
-        rows.append(
-            {"id": f"utt{index}", "reference_audio": f"ref{index}.wav", "reference_text": "hi", "target_text": target}
-        )
-    path = folder / "tts.jsonl"
-    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
-    return path
 
 
 def test_streaming_perf_reports_tts_metrics_saves_wavs_and_scores_them(served, state, whisper_url, tmp_path):

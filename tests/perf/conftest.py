@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from trtdeploy import ModelSpec
+
 from ..manifests import write_manifest
 
 MODELS = Path(__file__).parent / "models"
@@ -173,3 +175,17 @@ def make_deployment(tmp_path: Path, tiny_tokenizer: Path) -> Callable[..., Path]
         )
 
     return make
+
+
+class FakeModelSpec(ModelSpec):
+    """A model plugin without a checkpoint, for perf runs on hand-made deployments of the fake models: subclasses
+    name the model, its entry and its workload."""
+
+    default_repo = "none/none"
+    templates_dir = Path(__file__).parent
+
+    def validate_checkpoint(self, checkpoint_dir):
+        return None
+
+    def write_random_checkpoint(self, dest, *, seed=0):
+        return None

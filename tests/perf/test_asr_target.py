@@ -19,10 +19,9 @@ from trtdeploy.perf.report import write_wav
 from trtdeploy.perf.runner import LoadSettings
 from trtdeploy.perf.tts import TTSWorkload
 from trtdeploy.plugins import forget_registrations, pm
-from trtdeploy.spec import ModelSpec
 
 from ..manifests import write_manifest
-from .conftest import write_fake_whisper
+from .conftest import FakeModelSpec, write_fake_whisper
 
 
 def closed_port() -> int:
@@ -42,18 +41,10 @@ def whisper_deployment(root: Path, mode: str = "offline", model: str = "perf_fak
     return write_manifest(path, models=models, entry_model="whisper_bls", model=model, mode=mode)
 
 
-class _FakeWhisper(ModelSpec):
+class _FakeWhisper(FakeModelSpec):
     """A model plugin whose workload is the ASR workload (on the fake whisper_bls)."""
 
     name = "perf_fake_whisper"
-    default_repo = "none/none"
-    templates_dir = Path(__file__).parent
-
-    def validate_checkpoint(self, checkpoint_dir):
-        return None
-
-    def write_random_checkpoint(self, dest, *, seed=0):
-        return None
 
     def entry_model(self, mode):
         return "whisper_bls"

@@ -20,7 +20,8 @@ from trtdeploy.perf.llm import TextLLMWorkload, TokenLLMWorkload, load_tokenizer
 from trtdeploy.perf.runner import Endpoint, InputSpec, LoadSettings, run_levels
 from trtdeploy.perf.workload import InputRow, RequestOptions
 from trtdeploy.plugins import forget_registrations, pm
-from trtdeploy.spec import ModelSpec
+
+from .conftest import FakeModelSpec
 
 ROWS = [InputRow(f"tell me about number {i} please", reference=f"tell me about number {i}") for i in range(6)]
 
@@ -269,18 +270,10 @@ def test_benchmark_finds_the_server_serve_started(make_deployment, tmp_path, mon
     assert (tmp_path / "out" / "summary.json").is_file()
 
 
-class _FakeLLM(ModelSpec):
+class _FakeLLM(FakeModelSpec):
     """A model plugin whose workload is the text contract of the fake LLMs."""
 
     name = "perf_fake_llm"
-    default_repo = "none/none"
-    templates_dir = Path(__file__).parent
-
-    def validate_checkpoint(self, checkpoint_dir):
-        return None
-
-    def write_random_checkpoint(self, dest, *, seed=0):
-        return None
 
     def entry_model(self, mode):
         return "text_llm_stream" if mode == "streaming" else "text_llm"

@@ -400,7 +400,9 @@ def _encoder_decoder_rows(inputs: Mapping[str, np.ndarray]) -> tuple[list[list[i
     prompts = _prompts(inputs, "decoder_input_ids", "decoder_input_lengths", required=False)
     if len(prompts) != rows:
         raise ValueError(f"decoder_input_ids has {len(prompts)} rows for {rows} rows of encoder_input_features")
-    return prompts, [row[:length] for row, length in zip(features, lengths, strict=True)]
+    # copies: the input tensors are the server's shared memory, released once the request is answered or dropped,
+    # and the encoder reads the features later, from the decode thread
+    return prompts, [np.array(row[:length]) for row, length in zip(features, lengths, strict=True)]
 
 
 def parse_request(

@@ -283,8 +283,9 @@ class TrtllmEngine(TensorRTLLMEngine):
             f"fp16 activations (the Whisper example's support matrix: FP16, INT8/INT4 weight-only); encoder input "
             f"{frames} mel frames (30 s), output {frames // 2}: --max_input_len/--max_seq_len {frames} for the "
             f"encoder, --max_encoder_input_len {frames} for the decoder",
-            f"decoder prompt up to {ctx.llm_max_input_len} tokens and {point.max_seq_len} in all (the official "
-            "recipe builds 14 and 114); max_beam_width 1 (the official build takes 4 and serves 1)",
+            f"decoder --max_input_len {ctx.llm_max_input_len} and --max_seq_len {point.max_seq_len} (the official "
+            "recipe builds 14 and 114: a 50-token cap and no text prompt); max_beam_width 1 (the official build "
+            "takes 4 and serves 1)",
             f"max_tokens_in_paged_kv_cache {whisper.kv_cache_tokens(ctx)} = max_batch_size x (max_seq_len + "
             f"{frames // 2} encoder outputs), cross_kv_cache_fraction {whisper.cross_kv_cache_fraction(ctx)} (the "
             "cross-attention share of that memory; the official fill takes 0.5): every request of the batch fits "

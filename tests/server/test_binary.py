@@ -13,7 +13,13 @@ import pytest
 
 from trtdeploy.errors import ExitCode, ServerError
 from trtdeploy.server import check_numpy, find_tritonserver, resolve_tritonserver
-from trtdeploy.server._binary import _bundled_distribution, bundled_tritonserver, prepare_backends, serving_python_bin
+from trtdeploy.server._binary import (
+    _bundled_distribution,
+    bundled_tritonserver,
+    prepare_backends,
+    serving_libpython_dir,
+    serving_python_bin,
+)
 
 
 def test_explicit_path_that_does_not_exist_is_a_clear_error() -> None:
@@ -66,15 +72,28 @@ def test_resolve_bundled_sets_library_path_backends_and_python() -> None:
     binary = resolve_tritonserver(bundled_tritonserver())
     assert binary.bundled
     assert binary.env["LD_LIBRARY_PATH"].split(os.pathsep)[0].endswith("nvidia_pytriton.libs")
-    libpython_dir = sysconfig.get_config_var("LIBDIR")
-    if (Path(libpython_dir) / sysconfig.get_config_var("INSTSONAME")).is_file():
-        assert libpython_dir in binary.env["LD_LIBRARY_PATH"].split(os.pathsep)
+    libpython_dir = serving_libpython_dir()  # None for a system Python, whose folder the loader searches anyway
+    if libpython_dir is not None:
+        assert str(libpython_dir) in binary.env["LD_LIBRARY_PATH"].split(os.pathsep)
     first_python = Path(binary.env["PATH"].split(os.pathsep)[0]) / "python3"
     assert os.path.samefile(first_python, sys.executable)
     backend_dir = Path(next(a for a in binary.args if a.startswith("--backend-directory=")).split("=", 1)[1])
     names = sorted(p.name for p in (backend_dir / "python").iterdir())
     assert names == ["libtriton_python.so", "triton_python_backend_stub", "triton_python_backend_utils.py"]
     assert os.access(backend_dir / "python" / "triton_python_backend_stub", os.X_OK)
+
+
+def test_libpython_goes_on_the_library_path_only_from_outside_the_loaders_default_folders(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A system folder on LD_LIBRARY_PATH would put all its libraries (a system cuDNN) ahead of torch's own."""
+    (tmp_path / "libpython3.99.so.1.0").write_bytes(b"")
+    config = {"LIBDIR": str(tmp_path), "INSTSONAME": "libpython3.99.so.1.0", "MULTIARCH": "x86_64-linux-gnu"}
+    monkeypatch.setattr(sysconfig, "get_config_var", config.get)
+    assert serving_libpython_dir() == tmp_path
+    for system in ("/usr/lib", "/usr/lib/x86_64-linux-gnu", "/lib64"):
+        config["LIBDIR"] = system
+        assert serving_libpython_dir() is None
 
 
 def test_backend_folder_is_prepared_once_under_concurrent_starts(tmp_path: Path) -> None:

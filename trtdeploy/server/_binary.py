@@ -170,17 +170,33 @@ def serving_python_bin(*, executable: str | None = None, prefix: str | None = No
 
 
 def serving_libpython_dir() -> Path | None:
-    """The folder holding the running interpreter's own ``libpython3.X.so``, when it has one.
+    """The folder holding the running interpreter's own ``libpython3.X.so``, when it has one outside the dynamic
+    loader's default folders.
 
     The stub links ``libpython3.X.so.1.0`` dynamically; without this it may load the system's copy of the same
     minor version (say 3.11.2) while importing the running interpreter's extension modules (built for 3.11.7),
-    which fails on symbols the older library lacks (seen: ``_ssl``: undefined symbol ``_PyModule_Add``).
+    which fails on symbols the older library lacks (seen: ``_ssl``: undefined symbol ``_PyModule_Add``). A default
+    folder (a system Python's ``/usr/lib/x86_64-linux-gnu``) is searched anyway, and on ``LD_LIBRARY_PATH`` it
+    would put every library there ahead of the ones extensions bundle: seen on an H200 host, torch in the stub
+    loaded the system's cuDNN 9.14 instead of its own 9.19, lost cuDNN attention, and Whisper's decode step ran on
+    a kernel twice as slow.
     """
     libdir = sysconfig.get_config_var("LIBDIR")
     library = sysconfig.get_config_var("INSTSONAME")
-    if libdir and library and (Path(libdir) / library).is_file():
+    if not libdir or Path(libdir).resolve() in _loader_default_dirs():
+        return None
+    if library and (Path(libdir) / library).is_file():
         return Path(libdir)
     return None
+
+
+def _loader_default_dirs() -> set[Path]:
+    """The folders the dynamic loader searches without being told: the standard ones and their multiarch ones."""
+    standard = [Path(folder) for folder in ("/lib", "/usr/lib", "/lib64", "/usr/lib64")]
+    multiarch = sysconfig.get_config_var("MULTIARCH")
+    if multiarch:
+        standard += [folder / multiarch for folder in standard[:2]]
+    return {folder.resolve() for folder in standard}
 
 
 def resolve_tritonserver(explicit: Path | None = None) -> TritonBinary:

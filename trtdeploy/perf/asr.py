@@ -130,11 +130,34 @@ class UtteranceScore:
         return asdict(self)
 
 
-def _rate(errors: int, length: int) -> float:
+def error_rate(errors: int, length: int) -> float:
     """errors / length; for an empty reference 0.0 if nothing was inserted, else 1.0."""
     if length:
         return errors / length
     return 1.0 if errors else 0.0
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """jiwer's counts of a hypothesis aligned to its reference, by words or by characters."""
+
+    hits: int
+    substitutions: int
+    deletions: int
+    insertions: int
+
+    @property
+    def errors(self) -> int:
+        return self.substitutions + self.deletions + self.insertions
+
+
+def align(reference: str, hypothesis: str, *, characters: bool = False) -> Alignment:
+    """``hypothesis`` aligned to ``reference`` word by word (or character by character). jiwer refuses an empty
+    reference: against one, every unit of the hypothesis is an insertion."""
+    if not (reference if characters else reference.split()):
+        return Alignment(0, 0, 0, len(hypothesis) if characters else len(hypothesis.split()))
+    out = (jiwer.process_characters if characters else jiwer.process_words)(reference, hypothesis)
+    return Alignment(out.hits, out.substitutions, out.deletions, out.insertions)
 
 
 def score(hypothesis: str, reference: str, language: str | None = None) -> UtteranceScore:
@@ -150,20 +173,12 @@ def score(hypothesis: str, reference: str, language: str | None = None) -> Utter
     if lang == "zh":
         ref_chars, hyp_chars = ref_words.replace(" ", ""), hyp_words.replace(" ", "")
     words, chars = len(ref_words.split()), len(ref_chars)
-    if words:
-        out = jiwer.process_words(ref_words, hyp_words)
-        word_errors = out.substitutions + out.deletions + out.insertions
-    else:
-        word_errors = len(hyp_words.split())
-    if chars:
-        out_chars = jiwer.process_characters(ref_chars, hyp_chars)
-        char_errors = out_chars.substitutions + out_chars.deletions + out_chars.insertions
-    else:
-        char_errors = len(hyp_chars)
+    word_errors = align(ref_words, hyp_words).errors
+    char_errors = align(ref_chars, hyp_chars, characters=True).errors
     return UtteranceScore(
         language=lang,
-        wer=_rate(word_errors, words),
-        cer=_rate(char_errors, chars),
+        wer=error_rate(word_errors, words),
+        cer=error_rate(char_errors, chars),
         word_errors=word_errors,
         words=words,
         char_errors=char_errors,

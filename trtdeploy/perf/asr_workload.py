@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import NotFoundError, UsageError
-from .asr import detect_language, whisper_prefix
+from .asr import align, detect_language, error_rate, whisper_prefix
 from .tts import read_audio, resample
 from .workload import Chunk, InputRow, ModelInfo, Request, RequestOptions, Result, Workload
 
@@ -122,33 +122,27 @@ def score_transcript(hypothesis: str, reference: str, language: str) -> dict[str
     + insertions) / reference_length. An empty reference (after normalisation) rates 0.0 against an empty hypothesis
     and 1.0 against any other, all of whose units count as insertions.
     """
-    import jiwer
-
     ref, hyp = normalize_transcript(reference, language), normalize_transcript(hypothesis, language)
-    if language in CHARACTER_LANGUAGES:
-        metric, ref_units, hyp_units = "cer", ref.replace(" ", ""), hyp.replace(" ", "")
-        length, hyp_length, align = len(ref_units), len(hyp_units), jiwer.process_characters
+    characters = language in CHARACTER_LANGUAGES
+    if characters:
+        ref_units, hyp_units = ref.replace(" ", ""), hyp.replace(" ", "")
+        length = len(ref_units)
     else:
-        metric, ref_units, hyp_units = "wer", ref, hyp
-        length, hyp_length, align = len(ref.split()), len(hyp.split()), jiwer.process_words
-    if length:
-        out = align(ref_units, hyp_units)
-        hits, substitutions, deletions, insertions = out.hits, out.substitutions, out.deletions, out.insertions
-    else:
-        hits, substitutions, deletions, insertions = 0, 0, 0, hyp_length
-    errors = substitutions + deletions + insertions
+        ref_units, hyp_units = ref, hyp
+        length = len(ref.split())
+    counts = align(ref_units, hyp_units, characters=characters)
     return {
         "language": language,
-        "metric": metric,
+        "metric": "cer" if characters else "wer",
         "reference_normalized": ref,
         "hypothesis_normalized": hyp,
-        "hits": hits,
-        "substitutions": substitutions,
-        "deletions": deletions,
-        "insertions": insertions,
-        "errors": errors,
+        "hits": counts.hits,
+        "substitutions": counts.substitutions,
+        "deletions": counts.deletions,
+        "insertions": counts.insertions,
+        "errors": counts.errors,
         "reference_length": length,
-        "rate": errors / length if length else float(bool(errors)),
+        "rate": error_rate(counts.errors, length),
     }
 
 

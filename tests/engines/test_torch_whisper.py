@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import replace
 
 import pytest
@@ -18,7 +19,13 @@ from tritonclient.grpc import model_config_pb2  # noqa: E402
 
 from trtdeploy.engines.contract import encoder_decoder_inputs, parse_request  # noqa: E402
 from trtdeploy.engines.torch import TorchEngine, unsupported_reason  # noqa: E402
-from trtdeploy.engines.torch.runtime import NEVER_STOP, GenerationRequest, WhisperModel, load_generator  # noqa: E402
+from trtdeploy.engines.torch.runtime import (  # noqa: E402
+    NEVER_STOP,
+    GenerationRequest,
+    SamplingParams,
+    WhisperModel,
+    load_generator,
+)
 from trtdeploy.errors import UsageError  # noqa: E402
 from trtdeploy.repo import TemplateSource, render_repository, validate_config  # noqa: E402
 from trtdeploy.spec import BuildContext, BuildPoint  # noqa: E402
@@ -131,6 +138,32 @@ def test_requests_together_and_alone_equal_hf_generate(generator, hf_whisper, cl
     assert [sink.tokens for sink in together] == expected
     for (features, prompt), tokens in zip(cases, expected, strict=True):
         assert run_all(generator, [request(features, prompt)])[0].tokens == tokens
+
+
+def test_prompts_arriving_while_others_decode_are_fed_to_the_steps(whisper_dir, hf_whisper, clips):
+    """A short prompt admitted beside running sequences goes through the decode steps a token at a time, with the
+    same tokens as a prefill; a penalised request or a prompt over ``max_fed_prompt`` tokens is prefilled."""
+    gen = load_generator(whisper_dir, max_slots=8, max_input_len=32, max_seq_len=448)
+    try:
+        running = RecordingSink()
+        gen.submit(request(clips[0], PROMPTS[0], new_tokens=440, streaming=True), running)
+        deadline = time.monotonic() + 30
+        while not running.streamed and time.monotonic() < deadline:
+            time.sleep(0.001)
+        long_prompt = [50361, *range(440, 450), *PROMPTS[0]]
+        penalised = SamplingParams(top_k=1, repetition_penalty=1.0001)
+        prefilled = run_all(
+            gen, [request(clips[1], long_prompt, 4), request(clips[2], PROMPTS[2], 4, sampling=penalised)]
+        )
+        assert [sink.error for sink in prefilled] == [None, None]
+        assert gen.fed_prompts == 0 and not running.done.is_set()
+        cases = [(clips[1], PROMPTS[1]), (clips[2], PROMPTS[2])]
+        fed = run_all(gen, [request(features, prompt) for features, prompt in cases])
+        assert gen.fed_prompts == 2
+        assert [sink.tokens for sink in fed] == [hf_generate(hf_whisper, *case) for case in cases]
+        assert running.wait().tokens[:NEW_TOKENS] == hf_generate(hf_whisper, clips[0], PROMPTS[0])
+    finally:
+        gen.close()
 
 
 def test_shorter_features_equal_the_encoder_over_their_own_frames(generator, hf_whisper, clips):
@@ -393,6 +426,42 @@ def test_padded_prefill_gives_the_same_tokens(generator, hf_whisper, clips, monk
     cases = list(zip(clips, PROMPTS, strict=True))
     sinks = run_all(generator, [request(features, prompt) for features, prompt in cases])
     assert [sink.tokens for sink in sinks] == [hf_generate(hf_whisper, *case) for case in cases]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="admission beside decode steps needs a GPU")
+def test_admission_beside_decode_steps_keeps_every_requests_tokens(whisper_dir, hf_whisper, clips):
+    """On a GPU, requests arriving while others decode are encoded and prefilled on their own stream: each gets
+    transformers' tokens, and steps ran while admissions were in flight."""
+    gen = load_generator(whisper_dir, device="cuda", max_slots=8, max_input_len=16, max_seq_len=64)
+    try:
+        assert gen.model.overlap_admission and gen.model.use_graphs
+        cases = [(clips[i % 3], PROMPTS[i % 3]) for i in range(12)]
+        expected = {i: hf_generate(hf_whisper, *cases[i]) for i in range(3)}
+        sinks = []
+        for index, (features, prompt) in enumerate(cases):
+            sink = RecordingSink()
+            gen.submit(request(features, prompt, new_tokens=NEW_TOKENS + index), sink)
+            sinks.append(sink)
+            time.sleep(0.002 * (index % 4))  # arrivals spread over the first requests' decode steps
+        for sink in sinks:
+            sink.wait()
+        assert [sink.error for sink in sinks] == [None] * len(cases)
+        for index, sink in enumerate(sinks):
+            assert sink.tokens[:NEW_TOKENS] == expected[index % 3]
+            assert len(sink.tokens) == NEW_TOKENS + index
+        assert gen.steps_beside_admission > 0
+        # a penalised request admitted beside decode steps counts only its own tokens
+        penalised = request(clips[1], PROMPTS[1], sampling=SamplingParams(top_k=1, repetition_penalty=3.0))
+        alone = run_all(gen, [penalised])[0].tokens
+        assert alone != expected[1]
+        running = RecordingSink()
+        gen.submit(request(clips[0], PROMPTS[0], new_tokens=60, streaming=True), running)
+        while not running.streamed:
+            time.sleep(0.001)
+        assert run_all(gen, [penalised])[0].tokens == alone
+        running.wait()
+    finally:
+        gen.close()
 
 
 @pytest.mark.server

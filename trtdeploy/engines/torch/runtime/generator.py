@@ -6,7 +6,12 @@ each request's :class:`ResponseSink` from a second thread, so sending (an IPC un
 An error in a step becomes an error for the requests it touched; the loop itself keeps running.
 
 An encoder-decoder model (Whisper) encodes the admitted sequences' input features, batched, before their prefill;
-the prompts are then the decoder's.
+the prompts are then the decoder's. Where the model overlaps admission (:attr:`SlotModel.overlap_admission`, on a
+GPU), encoding and prefill run on a stream of their own while the running sequences go on decoding on a
+high-priority stream: the admitted sequences join the batch at the first step after their prefill has finished.
+While sequences are decoding, an encoder-decoder model's short prompts (task tokens: a prefill of them costs about
+a decode step of the whole batch) are not prefilled but fed to the decode steps one token a step, the tokens those
+steps choose for them dropped until the last prompt token's.
 
 Each prompt of a request runs as ``num_return_sequences`` sequences, one slot each. Stop words end a sequence on
 their last token (kept); bad words and, before ``min_tokens``, the end tokens are banned in the sampler before each
@@ -22,6 +27,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,7 +44,7 @@ from ...contract import (
     encoder_mismatch,
     refusal,
 )
-from .model import SlotModel
+from .model import PrefillInputs, SlotModel
 from .sampling import SlotSampler
 
 log = logging.getLogger(__name__)
@@ -53,6 +59,8 @@ class GeneratorConfig:
     max_input_len: int
     #: Upper bound on ``sequences x longest prompt`` of one batched prefill (one prompt is always admitted).
     max_num_tokens: int = 8192
+    #: Longest encoder-decoder prompt fed through decode steps rather than prefilled (see the module's notes).
+    max_fed_prompt: int = 8
     #: Default stop tokens (the checkpoint's end-of-sequence ids).
     end_ids: frozenset[int] = frozenset()
     #: Seconds between polls of the sinks' ``is_cancelled``.
@@ -81,7 +89,7 @@ class _Sequence:
 
     __slots__ = (
         "job", "row", "index", "prompt", "limit", "slot", "tokens", "log_probs", "cum_log_prob", "logits", "extras",
-        "rules",
+        "rules", "fed",
     )  # fmt: skip
 
     def __init__(self, job: _Job, row: int, index: int, prompt: list[int], limit: int):
@@ -100,6 +108,8 @@ class _Sequence:
         #: Whether each step must fetch this sequence's log probability or logits, and whether it has bans to set.
         self.extras = request.return_log_probs or request.return_generation_logits
         self.rules = bool(request.bad_words or request.min_tokens)
+        #: Prompt tokens given to the decode steps so far, while the prompt is fed rather than prefilled.
+        self.fed = len(prompt)
 
     @property
     def params(self) -> SamplingParams:
@@ -161,6 +171,18 @@ class _Sequence:
 Event = tuple[Callable[..., None], tuple[Any, ...], bool]
 
 
+@dataclass
+class _Admission:
+    """Sequences given slots and admitted together: their last prompt positions' logits (None when their prompts
+    are fed to the decode steps), ready once ``done`` (None: already) has passed. ``inputs``, made on the decode
+    stream, is held until then for the admission stream that reads it."""
+
+    batch: list[_Sequence]
+    inputs: PrefillInputs | None
+    logits: torch.Tensor | None
+    done: torch.cuda.Event | None
+
+
 class Generator:
     """Runs a continuous batch over a :class:`~.model.SlotModel`; thread-safe :meth:`submit`."""
 
@@ -170,13 +192,22 @@ class Generator:
         self.sampler = SlotSampler(
             model.max_slots, model.vocab_size, model.device, capture=model.capture if model.use_graphs else None
         )
-        #: Decode steps run, and the most sequences one step carried (for tests and stats).
+        #: Decode steps run, the most sequences one step carried, the steps run while an admission was in flight,
+        #: and the prompts fed to decode steps (for tests and stats).
         self.steps = 0
         self.peak_batch = 0
+        self.steps_beside_admission = 0
+        self.fed_prompts = 0
         self._inbox: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._outbox: queue.SimpleQueue[list[Event] | None] = queue.SimpleQueue()
         self._free = list(range(model.max_slots))
+        #: Slot -> its sequence: decoding (``_running``) or being admitted (``_admitting``, prefill in flight).
         self._running: dict[int, _Sequence] = {}
+        self._admitting: dict[int, _Sequence] = {}
+        self._admission: _Admission | None = None
+        overlap = model.overlap_admission and model.use_graphs
+        self._decode_stream = torch.cuda.Stream(model.device, priority=-1) if overlap else None
+        self._admission_stream = torch.cuda.Stream(model.device) if overlap else None
         self._waiting: deque[_Sequence] = deque()
         self._jobs: set[_Job] = set()
         self._events: list[Event] = []
@@ -247,13 +278,20 @@ class Generator:
     # --- decode thread ------------------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        stream = self._decode_stream
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream(self.model.device))  # the model's set-up
+        with torch.cuda.stream(stream) if stream is not None else nullcontext():
+            self._loop_until_closed()
+
+    def _loop_until_closed(self) -> None:
         while True:
             try:
-                if not self._intake(block=not self._running and not self._waiting):
+                if not self._intake(block=not self._running and not self._admitting and not self._waiting):
                     break
                 if time.monotonic() >= self._next_cancel_check:
                     self._drop_cancelled()
-                if self._waiting and self._free:
+                if self._admission is not None or (self._waiting and self._free):
                     self._admit()
                 if self._running:
                     self._step()
@@ -298,7 +336,23 @@ class Generator:
                 self._fail(job, "the request was cancelled", cancelled=True)
 
     def _admit(self) -> None:
-        """Prefill as many waiting sequences as fit the free slots and the token budget, in one batch."""
+        """Start the sequences whose prefill has finished, then prefill as many waiting sequences as fit the free
+        slots and the token budget, in one batch (one batch in flight at a time)."""
+        admission = self._admission
+        if admission is not None:
+            if self._running and admission.done is not None and not admission.done.query():
+                return  # still encoding or prefilling: the running sequences step meanwhile
+            self._admission = None
+            self._start(admission)
+        if self._waiting and self._free:
+            self._launch()
+            if self._admission is not None and (self._admission.done is None or not self._running):
+                admission, self._admission = self._admission, None
+                self._start(admission)  # nothing to overlap with
+
+    def _launch(self) -> None:
+        """Give waiting sequences slots and prefill them (encoding first, for an encoder-decoder model): on the
+        admission stream where admission overlaps decoding, else at once."""
         self._stop_freed()  # before a freed slot is reused
         batch: list[_Sequence] = []
         longest = 0
@@ -312,34 +366,77 @@ class Generator:
                 break
             self._waiting.popleft()
             sequence.slot = heapq.heappop(self._free)
-            self._running[sequence.slot] = sequence
-            self._with_extras += sequence.extras
+            self._admitting[sequence.slot] = sequence
             batch.append(sequence)
             longest = widest
         if not batch:
             return
         prompts = [sequence.prompt for sequence in batch]
         slots = [sequence.slot for sequence in batch]
-        requests = [sequence.job.request for sequence in batch]
+        stream = self._admission_stream
         try:
+            done = None
+            fed = self.model.encoder_decoder and bool(self._running) and all(map(self._feedable, batch))
+            inputs = None if fed else self.model.stage_prefill(prompts, slots)
+            if stream is not None:
+                # Decode steps still write K/V at these slots' positions: park them past the prompts being written.
+                self.model.park(slots)
+                stream.wait_stream(torch.cuda.current_stream(self.model.device))
+            with torch.cuda.stream(stream) if stream is not None else nullcontext():
+                if self.model.encoder_decoder:
+                    features = [sequence.job.request.encoder_features[sequence.row] for sequence in batch]
+                    self.model.encode(slots, features)
+                logits = None if inputs is None else self.model.run_prefill(inputs)
+                if stream is not None:
+                    done = torch.cuda.Event()
+                    done.record(stream)
+        except Exception as exc:
+            log.exception("prefill failed")
+            if stream is not None:
+                stream.synchronize()  # before the inputs it may still read are freed
+            for sequence in batch:
+                self._fail(sequence.job, f"prefill failed: {exc}")
+            return
+        self._admission = _Admission(batch, inputs, logits, done)
+
+    def _start(self, admission: _Admission) -> None:
+        """Sample the admitted sequences' first tokens and make the unfinished ones decode."""
+        if admission.done is not None:
+            torch.cuda.current_stream(self.model.device).wait_event(admission.done)
+        live = [i for i, sequence in enumerate(admission.batch) if self._admitting.get(sequence.slot) is sequence]
+        batch = [admission.batch[i] for i in live]
+        for sequence in batch:
+            del self._admitting[sequence.slot]
+            self._running[sequence.slot] = sequence
+            self._with_extras += sequence.extras
+        if not batch:
+            return
+        try:
+            # The sampler takes the slots only now: steps that ran during the admission counted their choices
+            # for every slot of the batch where any slot has penalties.
+            requests = [sequence.job.request for sequence in batch]
             self.sampler.assign(
-                slots,
+                [sequence.slot for sequence in batch],
                 [sequence.params for sequence in batch],
-                prompts,
+                [sequence.prompt for sequence in batch],
                 biases=[request.embedding_bias for request in requests],
                 log_probs=[request.return_log_probs for request in requests],
             )
             for sequence in batch:
                 self._ban(sequence)
-            if self.model.encoder_decoder:
-                self.model.encode(slots, [sequence.job.request.encoder_features[sequence.row] for sequence in batch])
-            logits = self.model.prefill(prompts, slots)
+            if admission.logits is None:
+                self.model.start([s.slot for s in batch], [s.prompt[0] for s in batch], [0] * len(batch))
+                for sequence in batch:
+                    sequence.fed = 1
+                self.fed_prompts += len(batch)
+                return
+            logits = admission.logits[live] if len(live) < len(admission.batch) else admission.logits
             for sequence in batch:
                 job = sequence.job
                 if job.request.return_context_logits and sequence.row not in job.context_logits:
                     job.context_logits[sequence.row] = self.model.prompt_logits(sequence.prompt).cpu().numpy()
-            last = torch.as_tensor([len(prompt) - 1 for prompt in prompts], device=self.model.device)
-            first = self.sampler.sample(logits, slots, last).tolist()
+            last = torch.as_tensor([len(sequence.prompt) - 1 for sequence in batch], device=self.model.device)
+            first = self.sampler.sample(logits, [sequence.slot for sequence in batch], last).tolist()
             extras = self._extras(batch, logits, list(range(len(batch))))
         except Exception as exc:
             log.exception("prefill failed")
@@ -355,6 +452,11 @@ class Generator:
             self.model.start(
                 [s.slot for s in starting], [s.tokens[-1] for s in starting], [len(s.prompt) for s in starting]
             )
+
+    def _feedable(self, sequence: _Sequence) -> bool:
+        """Whether a sequence's prompt may be fed to the decode steps: a short one, and nothing that the dropped
+        choices would change (penalties count the chosen tokens; log probabilities and logits are returned)."""
+        return len(sequence.prompt) <= self.config.max_fed_prompt and not (sequence.extras or sequence.params.penalised)
 
     def _extras(
         self, sequences: list[_Sequence], logits: torch.Tensor, rows: list[int]
@@ -390,13 +492,21 @@ class Generator:
                 self._fail(job, f"decode step failed: {exc}")
             return
         self.steps += 1
+        self.steps_beside_admission += self._admission is not None
         self.peak_batch = max(self.peak_batch, len(running))
+        feeding = [sequence for sequence in sequences if sequence.fed < len(sequence.prompt)]
         if extras is None:
             for sequence in sequences:
-                self._accept(sequence, tokens[sequence.slot])
+                if sequence.fed == len(sequence.prompt):
+                    self._accept(sequence, tokens[sequence.slot])
         else:
             for sequence, (log_prob, token_logits) in zip(sequences, extras, strict=True):
-                self._accept(sequence, tokens[sequence.slot], log_prob, token_logits)
+                if sequence.fed == len(sequence.prompt):
+                    self._accept(sequence, tokens[sequence.slot], log_prob, token_logits)
+        if feeding:
+            self.model.feed([s.slot for s in feeding], [s.prompt[s.fed] for s in feeding])
+            for sequence in feeding:
+                sequence.fed += 1
 
     def _accept(self, sequence: _Sequence, token: int, log_prob: float = 0.0, logits: np.ndarray | None = None) -> bool:
         """Record a sequence's new token; True when the sequence is finished (its slot is then free)."""
@@ -437,14 +547,17 @@ class Generator:
             self.sampler.set_bans(sequence.slot, sequence.banned())
 
     def _release(self, sequence: _Sequence) -> None:
-        slot = sequence.slot
-        if slot is not None and self._running.get(slot) is sequence:
+        slot, sequence.slot = sequence.slot, None
+        if self._running.get(slot) is sequence:
             del self._running[slot]
             self._with_extras -= sequence.extras
-            heapq.heappush(self._free, slot)
-            self.sampler.release(slot)
-            self._freed.append(slot)
-        sequence.slot = None
+        elif self._admitting.get(slot) is sequence:
+            del self._admitting[slot]
+        else:
+            return
+        heapq.heappush(self._free, slot)
+        self.sampler.release(slot)
+        self._freed.append(slot)
 
     def _fail(self, job: _Job, message: str, cancelled: bool = False) -> None:
         if job.done:

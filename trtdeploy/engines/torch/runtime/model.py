@@ -6,7 +6,8 @@ honoured (a dynamic one as it stands at ``max_seq_len``). The KV cache is static
 ``[slots + 1, kv_heads, max_seq_len, head_dim]``, one slot per running sequence plus a scratch slot. A decode step
 runs over the slots ``[0, batch)`` and attends to the first ``span`` positions, so K/V are plain slice views; on CUDA
 each ``(batch, span)`` bucket is captured once as a CUDA graph. Prefill is right-padded and causal; small prefills
-are padded to (rows, length) buckets and replayed as CUDA graphs too.
+are padded to (rows, length) buckets and replayed as CUDA graphs too, from a memory pool and capture stream of their
+own, since the generator may run them beside decode steps (:attr:`SlotModel.overlap_admission`).
 
 :class:`SlotModel` holds what does not depend on the architecture (the per-slot decode inputs, buckets, prefill
 padding and CUDA graph capture); :class:`DecoderModel` and the Whisper model
@@ -18,6 +19,7 @@ from __future__ import annotations
 import bisect
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import torch
@@ -49,6 +51,18 @@ class _Layer:
     gate_up_bias: torch.Tensor | None
     down_weight: torch.Tensor
     down_bias: torch.Tensor | None
+
+
+@dataclass
+class PrefillInputs:
+    """A prefill on the device: right-padded ``ids [rows, length]``, each row's slot and last prompt position; the
+    first ``count`` rows are prompts, and ``padded`` says the shape is a bucket a CUDA graph may replay."""
+
+    ids: torch.Tensor
+    slot_index: torch.Tensor
+    last: torch.Tensor
+    count: int
+    padded: bool
 
 
 def _fuse(
@@ -87,6 +101,8 @@ class SlotModel(ABC):
     #: Whether each sequence comes with encoder input features: such a model's ``encode(slots, features)`` fills the
     #: slots' cross-attention cache before their prefill, and its ``features_problem(features)`` checks them.
     encoder_decoder = False
+    #: Whether admission (encoding and prefill) runs on a stream of its own while decode steps go on (on a GPU).
+    overlap_admission = False
 
     def __init__(
         self,
@@ -112,9 +128,14 @@ class SlotModel(ABC):
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         #: Pad prefills to (rows, length) buckets; on by default with graphs, which replay padded prefills.
         self.pad_prefill = self.use_graphs
-        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._graphs: dict[tuple[int, int, Hashable], torch.cuda.CUDAGraph] = {}
+        self._step_form: Hashable = None
         self._prefill_graphs: dict[tuple[int, int], tuple] = {}
-        self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        #: (memory pool, capture stream) of the decode steps' graphs and, where admission overlaps decoding, of
+        #: admission's (prefill, encoder): graphs that run at the same time must share neither memory nor the
+        #: cuBLAS workspace, which PyTorch keys by the capturing stream (a shared one hangs split-K GEMMs).
+        homes = 1 + self.overlap_admission if self.use_graphs else 0
+        self._graph_homes = [(torch.cuda.graph_pool_handle(), torch.cuda.Stream(self.device)) for _ in range(homes)]
 
     def buckets(self, batch: int, span: int) -> tuple[int, int]:
         """The (batch, span) bucket a decode step over ``batch`` slots attending to ``span`` positions runs in."""
@@ -131,14 +152,20 @@ class SlotModel(ABC):
 
     # --- prefill ------------------------------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
         """Run the prompts (one per slot) through the model, filling their slots' KV cache from position 0.
 
+        :returns: float32 logits ``[len(prompts), vocab]`` of each prompt's last token.
+        """
+        return self.run_prefill(self.stage_prefill(prompts, slots))
+
+    @torch.inference_mode()
+    def stage_prefill(self, prompts: list[list[int]], slots: list[int]) -> PrefillInputs:
+        """A prefill's inputs on the device (copied before the work that runs it is queued: a copy from pageable
+        memory waits for that work).
+
         With :attr:`pad_prefill` (on with CUDA graphs), a small prefill is padded to a (rows, length) bucket and
         replayed as a CUDA graph; padding rows write their K/V into a scratch slot that no sequence owns.
-
-        :returns: float32 logits ``[len(prompts), vocab]`` of each prompt's last token.
         """
         count, longest = len(prompts), max(len(prompt) for prompt in prompts)
         bucket = self._prefill_bucket(count, longest) if self.pad_prefill else None
@@ -150,17 +177,25 @@ class SlotModel(ABC):
         slot_index[:count] = torch.as_tensor(slots, dtype=torch.long)
         last = torch.zeros(rows, dtype=torch.long)
         last[:count] = torch.as_tensor([len(prompt) - 1 for prompt in prompts], dtype=torch.long)
-        if bucket is not None and self.use_graphs:
+        return PrefillInputs(
+            ids.to(self.device), slot_index.to(self.device), last.to(self.device), count, bucket is not None
+        )
+
+    @torch.inference_mode()
+    def run_prefill(self, inputs: PrefillInputs) -> torch.Tensor:
+        """Run a staged prefill; float32 logits ``[count, vocab]`` of each prompt's last token."""
+        tensors = (inputs.ids, inputs.slot_index, inputs.last)
+        if inputs.padded and self.use_graphs:
             try:
-                graph, inputs, logits = self._prefill_graph(rows, length)
+                graph, buffers, logits = self._prefill_graph(*inputs.ids.shape)
             except RuntimeError:
                 self._give_up_graphs()
             else:
-                for buffer, value in zip(inputs, (ids, slot_index, last), strict=True):
+                for buffer, value in zip(buffers, tensors, strict=True):
                     buffer.copy_(value)
                 graph.replay()
-                return logits[:count]
-        return self._prefill_forward(ids.to(self.device), slot_index.to(self.device), last.to(self.device))[:count]
+                return logits[: inputs.count]
+        return self._prefill_forward(*tensors)[: inputs.count]
 
     def _prefill_bucket(self, count: int, longest: int) -> tuple[int, int] | None:
         rows = _bucket(count, BATCH_BUCKETS, self.max_slots)
@@ -176,26 +211,28 @@ class SlotModel(ABC):
                 torch.full((rows,), self.max_slots, dtype=torch.long, device=self.device),  # warm-up: scratch only
                 torch.zeros(rows, dtype=torch.long, device=self.device),
             )
-            graph, logits = self.capture(lambda: self._prefill_forward(*inputs))
+            graph, logits = self.capture(lambda: self._prefill_forward(*inputs), admission=True)
             entry = self._prefill_graphs[(rows, length)] = (graph, inputs, logits)
         return entry
 
-    def capture(self, forward):
-        """Capture ``forward`` as a CUDA graph (after warm-up runs on a side stream); returns (graph, its output)."""
-        stream = torch.cuda.Stream(device=self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
+    def capture(self, forward, admission: bool = False):
+        """Capture ``forward`` as a CUDA graph (after warm-up runs on the capturing stream, whose cuBLAS workspace
+        it keeps) with the decode steps' graphs, or with admission's; returns (graph, its output)."""
+        pool, capture_stream = self._graph_homes[admission and self.overlap_admission]
+        capture_stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(capture_stream):
             for _ in range(2):
                 forward()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
+        torch.cuda.current_stream(self.device).wait_stream(capture_stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=pool, stream=capture_stream, capture_error_mode="thread_local"):
             output = forward()
         return graph, output
 
     @torch.inference_mode()
     def decode(self, batch: int, span: int) -> torch.Tensor:
         """Run one decode step in bucket ``(batch, span)`` (see :meth:`buckets`); returns ``logits[:batch]``."""
+        self._step_form = self._choose_step_form(batch)
         if self.use_graphs:
             try:
                 graph = self._graph(batch, span)
@@ -211,12 +248,18 @@ class SlotModel(ABC):
         log.exception("CUDA graph capture failed: running eagerly from now on")
         self.use_graphs = False
 
+    def _choose_step_form(self, batch: int) -> Hashable:
+        """The form of a decode step over slots ``[0, batch)``, for a model whose step has more than one (read by
+        its ``_decode_forward``; a CUDA graph is captured per bucket and form)."""
+        return None
+
     def _graph(self, batch: int, span: int) -> torch.cuda.CUDAGraph:
-        graph = self._graphs.get((batch, span))
+        key = (batch, span, self._step_form)
+        graph = self._graphs.get(key)
         if graph is None:
             # Warm-up runs compute exactly the step about to be replayed, so their K/V writes are harmless.
             graph, _ = self.capture(lambda: self._decode_forward(batch, span))
-            self._graphs[(batch, span)] = graph
+            self._graphs[key] = graph
         return graph
 
     @torch.inference_mode()
@@ -226,6 +269,19 @@ class SlotModel(ABC):
         self.tokens.index_copy_(0, index, torch.as_tensor(tokens, dtype=torch.long, device=self.device))
         self.positions.index_copy_(0, index, torch.as_tensor(positions, dtype=torch.long, device=self.device))
         self.active.index_fill_(0, index, 1)
+
+    @torch.inference_mode()
+    def feed(self, slots: list[int], tokens: list[int]) -> None:
+        """After a decode step: feed ``tokens`` next instead of the tokens it chose (prompts fed a token a step)."""
+        index = torch.as_tensor(slots, dtype=torch.long, device=self.device)
+        self.tokens.index_copy_(0, index, torch.as_tensor(tokens, dtype=torch.long, device=self.device))
+
+    @torch.inference_mode()
+    def park(self, slots: list[int]) -> None:
+        """Point slots being prefilled beside decode steps at the last position, where the steps' writes of their
+        (unused) K/V cannot meet the prompt's."""
+        index = torch.as_tensor(slots, dtype=torch.long, device=self.device)
+        self.positions.index_fill_(0, index, self.max_seq_len - 1)
 
     @torch.inference_mode()
     def stop(self, slots: list[int]) -> None:

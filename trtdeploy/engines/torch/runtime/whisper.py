@@ -9,7 +9,9 @@ that of its own frames, never of zeros appended to them.
 
 Each decoder layer's cross-attention K/V of a sequence is computed once, at admission, into a static cache
 ``[layers, slots + 1, heads, max_source_positions, head_dim]``; the self-attention KV cache, the decode step's
-static inputs, its ``(batch, span)`` buckets and CUDA graphs, and the padded prefill are :class:`SlotModel`'s.
+static inputs, its ``(batch, span)`` buckets and CUDA graphs, and the padded prefill are :class:`SlotModel`'s. On a
+GPU the encoder of whole windows runs as a CUDA graph per batch bucket, on the generator's admission stream beside
+the decode steps; a decode step masks the cross-attention only while some slot's encoder output is partial.
 The decoder has learned positions (``max_target_positions``, the longest a sequence can be) and the LM head tied
 to the token embedding. q/k/v of every self-attention are one matmul, and so are k/v of each cross-attention.
 Whisper's head size is 64, so the query scaling (1/8, a power of two) is folded into the query weights exactly.
@@ -24,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ....memory import ENCODER_BATCH  # inputs encoded in one batch (bounds the activations at admission)
-from .model import SlotModel, _fuse
+from .model import BATCH_BUCKETS, SlotModel, _bucket, _fuse
 
 Linear = tuple[torch.Tensor, torch.Tensor | None]
 Norm = tuple[torch.Tensor, torch.Tensor]
@@ -53,6 +55,19 @@ class _EncoderLayer:
 
 
 @dataclass
+class _EncoderBatch:
+    """Inputs of one encoder pass, on the device: ``mels [n, T, n_mels]``, each input's encoder frames, the input
+    row of each slot to fill, and the slots (padded to ``graph_rows`` with the scratch slot where a CUDA graph
+    runs the batch, else 0)."""
+
+    mels: torch.Tensor
+    lengths: torch.Tensor
+    rows: torch.Tensor
+    slot_index: torch.Tensor
+    graph_rows: int
+
+
+@dataclass
 class _DecoderLayer:
     self_norm: Norm
     qkv: Linear
@@ -70,6 +85,8 @@ class WhisperModel(SlotModel):
     """Whisper's encoder and decoder over static self- and cross-attention caches of ``max_slots`` sequences."""
 
     encoder_decoder = True
+    #: The encoder (~6 ms a window on an H200) and a prefill over it would otherwise stall every running sequence.
+    overlap_admission = True
 
     def __init__(self, whisper: torch.nn.Module, *, max_slots: int, max_seq_len: int, cuda_graphs: bool = True):
         config = whisper.config
@@ -118,6 +135,12 @@ class WhisperModel(SlotModel):
         #: Each slot's number of encoder frames (the scratch slot's are all zeros, and all attended).
         self.encoder_lengths = torch.full((max_slots + 1,), self.max_frames, dtype=torch.long, device=self.device)
         self._frames = torch.arange(self.max_frames, device=self.device)
+        #: Slots whose encoder output is shorter than ``max_frames``: only a decode step over one of them masks the
+        #: cross-attention (whole windows, what Whisper's feature extractor makes, need no mask, and SDPA runs
+        #: ~30% faster without one at batch 16).
+        self._partial_slots: set[int] = set()
+        self._full_lengths = torch.full((ENCODER_BATCH,), self.max_frames, dtype=torch.long, device=self.device)
+        self._encoder_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
 
     @staticmethod
     def _encoder_layer(layer: torch.nn.Module) -> _EncoderLayer:
@@ -184,45 +207,100 @@ class WhisperModel(SlotModel):
     def encode(self, slots: list[int], features: list[np.ndarray]) -> None:
         """Encode each slot's ``[frames, n_mels]`` features and fill its cross-attention K/V, batched.
 
-        Slots given the same features object (the return sequences of one prompt) share one encoder pass.
+        Slots given the same features object (the return sequences of one prompt) share one encoder pass. Every
+        input is copied to the device before the first batch runs (a copy from pageable memory waits for the work
+        queued before it). With CUDA graphs, batches of whole windows (``max_features`` frames each, as Whisper's
+        feature extractor pads them), one slot per input, replay a graph per batch bucket: eagerly, a window's ~20
+        kernels per layer cost more in launches than on the GPU.
         """
+        for slot, item in zip(slots, features, strict=True):
+            if len(item) // 2 < self.max_frames:
+                self._partial_slots.add(slot)
+            else:
+                self._partial_slots.discard(slot)
         distinct: dict[int, int] = {}
         owners = [distinct.setdefault(id(item), len(distinct)) for item in features]
         inputs = list({id(item): item for item in features}.values())
+        staged = []
         for start in range(0, len(inputs), ENCODER_BATCH):
             chunk = inputs[start : start + ENCODER_BATCH]
-            hidden, lengths = self._encoder_forward(chunk)
             members = [i for i, owner in enumerate(owners) if start <= owner < start + len(chunk)]
-            rows = torch.as_tensor([owners[i] - start for i in members], device=self.device)
-            slot_index = torch.as_tensor([slots[i] for i in members], device=self.device)
-            frames = hidden.shape[1]
-            hidden = hidden[rows]
-            for index, layer in enumerate(self.layers):
-                kv = F.linear(hidden, *layer.cross_kv).unflatten(-1, (2 * self.num_heads, self.head_dim))
-                k, v = kv.transpose(1, 2).chunk(2, 1)
-                self.cross_k[index, slot_index, :, :frames] = k
-                self.cross_v[index, slot_index, :, :frames] = v
-            self.encoder_lengths[slot_index] = lengths[rows]
+            rows = [owners[i] - start for i in members]
+            staged.append(self._stage(chunk, rows, [slots[i] for i in members]))
+        for batch in staged:
+            if batch.graph_rows:
+                try:
+                    graph, mels, slot_index = self._encoder_graph(batch.graph_rows)
+                except RuntimeError:
+                    self._give_up_graphs()
+                else:
+                    mels.copy_(batch.mels)
+                    slot_index.copy_(batch.slot_index)
+                    graph.replay()
+                    continue
+            hidden = self._encoder_stack(batch.mels, batch.lengths)
+            count = len(batch.rows)
+            self._write_cross(hidden[batch.rows], batch.slot_index[:count], batch.lengths[batch.rows])
 
-    def _encoder_forward(self, features: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The encoder's output ``[n, frames, hidden]`` over features zero-padded to the longest, and each input's
-        number of valid frames (``T // 2``: an odd last mel frame is dropped, so that the output is the encoder's
-        over its own frames alone)."""
-        even = [item[: len(item) // 2 * 2] for item in features]  # an odd last frame makes no encoder frame
-        longest = max(len(item) for item in even)
-        mels = torch.zeros(len(even), longest, self.n_mels, dtype=self.dtype, device=self.device)
-        for row, item in enumerate(even):
-            mels[row, : len(item)] = torch.from_numpy(np.array(item)).to(self.device)
+    def _stage(self, chunk: list[np.ndarray], rows: list[int], slots: list[int]) -> _EncoderBatch:
+        """An encoder batch on the device: whole windows, one slot each, padded to a graph's batch bucket (padding
+        rows write the scratch slot); else the features zero-padded to the longest (an odd last frame makes no
+        encoder frame, and is dropped)."""
+        whole = all(len(item) == self.max_features for item in chunk) and rows == list(range(len(chunk)))
+        count = _bucket(len(chunk), BATCH_BUCKETS, ENCODER_BATCH) if self.use_graphs and whole else len(chunk)
+        longest = max(len(item) // 2 * 2 for item in chunk)
+        mels = np.zeros((count, longest, self.n_mels), dtype=chunk[0].dtype)
+        for row, item in enumerate(chunk):
+            frames = len(item) // 2 * 2
+            mels[row, :frames] = item[:frames]
+        slot_index = slots + [self.max_slots] * (count - len(slots))
+        return _EncoderBatch(
+            mels=torch.from_numpy(mels).to(self.device, self.dtype),
+            lengths=torch.as_tensor([len(item) // 2 for item in chunk], device=self.device),
+            rows=torch.as_tensor(rows, device=self.device),
+            slot_index=torch.as_tensor(slot_index, device=self.device),
+            graph_rows=count if self.use_graphs and whole else 0,
+        )
+
+    def _encoder_graph(self, rows: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
+        """The CUDA graph encoding ``rows`` whole windows into the slots of its static ``slot_index``."""
+        entry = self._encoder_graphs.get(rows)
+        if entry is None:
+            mels = torch.zeros(rows, self.max_features, self.n_mels, dtype=self.dtype, device=self.device)
+            slot_index = torch.full((rows,), self.max_slots, dtype=torch.long, device=self.device)  # warm-up: scratch
+
+            def forward() -> None:
+                hidden = self._encoder_stack(mels, None)
+                self._write_cross(hidden, slot_index, self._full_lengths[:rows])
+
+            graph, _ = self.capture(forward, admission=True)
+            entry = self._encoder_graphs[rows] = (graph, mels, slot_index)
+        return entry
+
+    def _write_cross(self, hidden: torch.Tensor, slot_index: torch.Tensor, lengths: torch.Tensor) -> None:
+        """Each decoder layer's cross-attention K/V of ``hidden [n, frames, hidden]`` into slots ``slot_index``."""
+        frames = hidden.shape[1]
+        for index, layer in enumerate(self.layers):
+            kv = F.linear(hidden, *layer.cross_kv).unflatten(-1, (2 * self.num_heads, self.head_dim))
+            k, v = kv.transpose(1, 2).chunk(2, 1)
+            self.cross_k[index, slot_index, :, :frames] = k
+            self.cross_v[index, slot_index, :, :frames] = v
+        self.encoder_lengths[slot_index] = lengths
+
+    def _encoder_stack(self, mels: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+        """The encoder over ``mels [n, T, n_mels]`` (T even); ``lengths`` (encoder frames per input, None when all
+        are whole) masks the frames past each input's own out of the self-attention."""
         x = mels.transpose(1, 2)
         # Zero padding after T frames leaves the first T // 2 outputs as they are without it: conv1 pads with zeros,
         # and conv2's output i reads conv1's outputs up to 2i + 1 < T.
         x = F.gelu(F.conv1d(x, *self.conv1, padding=1))
-        x = F.gelu(F.conv1d(x, *self.conv2, stride=2, padding=1)).transpose(1, 2)
-        count, frames = x.shape[:2]
+        # Contiguous frames-major activations: elementwise ops keep their first input's layout, so a transposed view
+        # here would make every residual add and LayerNorm of the stack a strided copy (40% of its GPU time).
+        x = F.gelu(F.conv1d(x, *self.conv2, stride=2, padding=1)).transpose(1, 2).contiguous()
+        frames = x.shape[1]
         x = x + self.encoder_positions[:frames]
-        lengths = torch.as_tensor([len(item) // 2 for item in features], device=self.device)
         mask = None
-        if bool((lengths < frames).any()):
+        if lengths is not None and bool((lengths < frames).any()):
             mask = (self._frames[None, :frames] < lengths[:, None])[:, None, None, :]
         heads = self.encoder_heads
         for layer in self.encoder_layers:
@@ -236,7 +314,7 @@ class WhisperModel(SlotModel):
             if x.dtype == torch.float16:  # as transformers' encoder layer keeps fp16 activations finite
                 bound = torch.finfo(torch.float16).max - 1000
                 x = x.clamp(-bound, bound)
-        return F.layer_norm(x, (self.hidden,), *self.encoder_norm, self.eps), lengths
+        return F.layer_norm(x, (self.hidden,), *self.encoder_norm, self.eps)
 
     # --- decoder ------------------------------------------------------------------------------------------------
 
@@ -268,20 +346,26 @@ class WhisperModel(SlotModel):
         x = F.layer_norm(x, (self.hidden,), *self.final_norm, self.eps)
         return F.linear(x, self.lm_head).float()
 
+    def _choose_step_form(self, batch: int) -> bool:
+        """Whether the step masks the cross-attention: whether a slot in ``[0, batch)`` has a partial window."""
+        return any(slot < batch for slot in self._partial_slots)
+
     def _decode_forward(self, batch: int, span: int) -> None:
         """One token for slots ``[0, batch)``. Both attentions go through SDPA, one fused kernel each (a third less
         time per step than scores, softmax and weighted sum as three, on an H200 at batch 64), with additive masks
-        that broadcast over the heads: the self-attention's up to each slot's position, the cross-attention's up to
-        its encoder length."""
+        that broadcast over the heads: the self-attention's up to each slot's position, and, in the masked form of
+        the step, the cross-attention's up to each slot's encoder length."""
         heads, dim = self.num_heads, self.head_dim
         positions = self.positions[:batch]
         write_index = positions.view(batch, 1, 1, 1).expand(batch, heads, 1, dim)
         keys = torch.arange(span, device=self.device)
         mask = torch.zeros(batch, 1, 1, span, dtype=self.dtype, device=self.device)
         mask.masked_fill_((keys[None, :] > positions[:, None])[:, None, None, :], float("-inf"))
-        cross_mask = torch.zeros(batch, 1, 1, self.max_frames, dtype=self.dtype, device=self.device)
-        beyond = self._frames[None, :] >= self.encoder_lengths[:batch, None]
-        cross_mask.masked_fill_(beyond[:, None, None, :], float("-inf"))
+        cross_mask = None
+        if self._step_form:  # some slot's encoder output is shorter than max_frames
+            cross_mask = torch.zeros(batch, 1, 1, self.max_frames, dtype=self.dtype, device=self.device)
+            beyond = self._frames[None, :] >= self.encoder_lengths[:batch, None]
+            cross_mask.masked_fill_(beyond[:, None, None, :], float("-inf"))
         x = F.embedding(self.tokens[:batch], self.embed) + self.decoder_positions[positions]
         for index, layer in enumerate(self.layers):
             h = F.layer_norm(x, (self.hidden,), *layer.self_norm, self.eps)

@@ -9,8 +9,9 @@ Features come from transformers' ``WhisperFeatureExtractor`` (30 s windows: 3000
 Per concurrency level, a closed loop (each of ``c`` clients sends its next request when its last one is answered):
 
 - ``torch engine``: trtdeploy's continuous batch (:func:`trtdeploy.engines.torch.runtime.load_generator`), the
-  encoder batched over the requests admitted together, decode steps as CUDA graphs; the share of GPU time in the
-  encoder and in the decoder (prefill and decode steps) is timed with CUDA events.
+  encoder batched over the requests admitted together on a stream of its own beside the decode steps, CUDA graphs;
+  the share of GPU time in the encoder and in the decoder (prefill and decode steps) is timed with CUDA events on
+  each one's stream (so the two overlap where they ran side by side).
 - ``transformers``: ``WhisperForConditionalGeneration.generate`` over batches of ``c`` requests (a batch runs to its
   longest row), with the cache implementation that ran faster of dynamic and static.
 
@@ -207,7 +208,7 @@ def engine_levels(
     timer = GpuTimer()
     if device == "cuda":
         timer.wrap(generator.model, "encode", "encoder")
-        timer.wrap(generator.model, "prefill", "decoder")
+        timer.wrap(generator.model, "run_prefill", "decoder")
         timer.wrap(generator.model, "decode", "decoder")
     dtype = np.float16 if precision != "fp32" else np.float32
 

@@ -59,6 +59,9 @@ TOKENS_PER_SECOND = 3.6
 PROMPT = [50258, 50259, 50360, 50364]
 SAMPLE_RATE = 16000
 WINDOW_SECONDS = 30
+#: The generator's counters reported per level: decode steps, those run while an admission was in flight, and the
+#: prompts fed to the steps instead of prefilled.
+LOOP_COUNTERS = ("steps", "steps_beside_admission", "fed_prompts")
 
 
 @dataclass
@@ -227,9 +230,12 @@ def engine_levels(
     timer.collect()
     results = []
     for concurrency in levels:
+        before = {name: getattr(generator, name) for name in LOOP_COUNTERS}
         result = closed_loop(concurrency, rows[: level_size(concurrency, rows)], run_one)
         shares = timer.collect()
         result.update({f"{label}_s": seconds for label, seconds in shares.items()})
+        result.update({name: getattr(generator, name) - before[name] for name in LOOP_COUNTERS})
+        result["step_ms"] = result["wall_s"] / max(result["steps"], 1) * 1e3
         results.append(result)
         print(f"  torch engine c={concurrency}: {json.dumps(_rounded(result))}", flush=True)
     generator.close()

@@ -391,11 +391,9 @@ class Generator:
                     done = torch.cuda.Event()
                     done.record(stream)
         except Exception as exc:
-            log.exception("prefill failed")
             if stream is not None:
                 stream.synchronize()  # before the inputs it may still read are freed
-            for sequence in batch:
-                self._fail(sequence.job, f"prefill failed: {exc}")
+            self._fail_admission(batch, exc)
             return
         self._admission = _Admission(batch, inputs, logits, done)
 
@@ -439,9 +437,7 @@ class Generator:
             first = self.sampler.sample(logits, [sequence.slot for sequence in batch], last).tolist()
             extras = self._extras(batch, logits, list(range(len(batch))))
         except Exception as exc:
-            log.exception("prefill failed")
-            for sequence in batch:
-                self._fail(sequence.job, f"prefill failed: {exc}")
+            self._fail_admission(batch, exc)
             return
         starting = [
             sequence
@@ -452,6 +448,11 @@ class Generator:
             self.model.start(
                 [s.slot for s in starting], [s.tokens[-1] for s in starting], [len(s.prompt) for s in starting]
             )
+
+    def _fail_admission(self, batch: list[_Sequence], exc: Exception) -> None:
+        log.exception("prefill failed")
+        for sequence in batch:
+            self._fail(sequence.job, f"prefill failed: {exc}")
 
     def _feedable(self, sequence: _Sequence) -> bool:
         """Whether a sequence's prompt may be fed to the decode steps: a short one, and nothing that the dropped
@@ -494,15 +495,14 @@ class Generator:
         self.steps += 1
         self.steps_beside_admission += self._admission is not None
         self.peak_batch = max(self.peak_batch, len(running))
-        feeding = [sequence for sequence in sequences if sequence.fed < len(sequence.prompt)]
-        if extras is None:
-            for sequence in sequences:
-                if sequence.fed == len(sequence.prompt):
-                    self._accept(sequence, tokens[sequence.slot])
-        else:
-            for sequence, (log_prob, token_logits) in zip(sequences, extras, strict=True):
-                if sequence.fed == len(sequence.prompt):
-                    self._accept(sequence, tokens[sequence.slot], log_prob, token_logits)
+        feeding = []  # sequences whose prompt is still going through the steps: the step's choice is dropped
+        for row, sequence in enumerate(sequences):
+            if sequence.fed < len(sequence.prompt):
+                feeding.append(sequence)
+            elif extras is None:
+                self._accept(sequence, tokens[sequence.slot])
+            else:
+                self._accept(sequence, tokens[sequence.slot], *extras[row])
         if feeding:
             self.model.feed([s.slot for s in feeding], [s.prompt[s.fed] for s in feeding])
             for sequence in feeding:

@@ -262,31 +262,32 @@ class SlotModel(ABC):
             self._graphs[key] = graph
         return graph
 
+    def _ids(self, values: list[int]) -> torch.Tensor:
+        return torch.as_tensor(values, dtype=torch.long, device=self.device)
+
     @torch.inference_mode()
     def start(self, slots: list[int], tokens: list[int], positions: list[int]) -> None:
         """Make slots running: each feeds ``tokens[i]`` at ``positions[i]`` in the next decode step."""
-        index = torch.as_tensor(slots, dtype=torch.long, device=self.device)
-        self.tokens.index_copy_(0, index, torch.as_tensor(tokens, dtype=torch.long, device=self.device))
-        self.positions.index_copy_(0, index, torch.as_tensor(positions, dtype=torch.long, device=self.device))
+        index = self._ids(slots)
+        self.tokens.index_copy_(0, index, self._ids(tokens))
+        self.positions.index_copy_(0, index, self._ids(positions))
         self.active.index_fill_(0, index, 1)
 
     @torch.inference_mode()
     def feed(self, slots: list[int], tokens: list[int]) -> None:
         """After a decode step: feed ``tokens`` next instead of the tokens it chose (prompts fed a token a step)."""
-        index = torch.as_tensor(slots, dtype=torch.long, device=self.device)
-        self.tokens.index_copy_(0, index, torch.as_tensor(tokens, dtype=torch.long, device=self.device))
+        self.tokens.index_copy_(0, self._ids(slots), self._ids(tokens))
 
     @torch.inference_mode()
     def park(self, slots: list[int]) -> None:
         """Point slots being prefilled beside decode steps at the last position, where the steps' writes of their
         (unused) K/V cannot meet the prompt's."""
-        index = torch.as_tensor(slots, dtype=torch.long, device=self.device)
-        self.positions.index_fill_(0, index, self.max_seq_len - 1)
+        self.positions.index_fill_(0, self._ids(slots), self.max_seq_len - 1)
 
     @torch.inference_mode()
     def stop(self, slots: list[int]) -> None:
         """Mark slots free: their positions stop advancing."""
-        self.active.index_fill_(0, torch.as_tensor(slots, dtype=torch.long, device=self.device), 0)
+        self.active.index_fill_(0, self._ids(slots), 0)
 
     @torch.inference_mode()
     def advance(self, batch: int, next_tokens: torch.Tensor) -> None:

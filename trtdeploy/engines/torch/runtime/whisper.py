@@ -246,8 +246,9 @@ class WhisperModel(SlotModel):
         """An encoder batch on the device: whole windows, one slot each, padded to a graph's batch bucket (padding
         rows write the scratch slot); else the features zero-padded to the longest (an odd last frame makes no
         encoder frame, and is dropped)."""
-        whole = all(len(item) == self.max_features for item in chunk) and rows == list(range(len(chunk)))
-        count = _bucket(len(chunk), BATCH_BUCKETS, ENCODER_BATCH) if self.use_graphs and whole else len(chunk)
+        one_slot_each = rows == list(range(len(chunk)))
+        graphed = self.use_graphs and one_slot_each and all(len(item) == self.max_features for item in chunk)
+        count = _bucket(len(chunk), BATCH_BUCKETS, ENCODER_BATCH) if graphed else len(chunk)
         longest = max(len(item) // 2 * 2 for item in chunk)
         mels = np.zeros((count, longest, self.n_mels), dtype=chunk[0].dtype)
         for row, item in enumerate(chunk):
@@ -259,7 +260,7 @@ class WhisperModel(SlotModel):
             lengths=torch.as_tensor([len(item) // 2 for item in chunk], device=self.device),
             rows=torch.as_tensor(rows, device=self.device),
             slot_index=torch.as_tensor(slot_index, device=self.device),
-            graph_rows=count if self.use_graphs and whole else 0,
+            graph_rows=count if graphed else 0,
         )
 
     def _encoder_graph(self, rows: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:

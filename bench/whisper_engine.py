@@ -226,15 +226,18 @@ def engine_levels(
         if sink.error:
             raise RuntimeError(sink.error)
 
-    closed_loop(max(levels), rows[: 2 * max(levels)], run_one)  # warm-up: CUDA graphs of every bucket
+    for concurrency in levels:  # warm-up: the CUDA graphs of the buckets each level runs
+        closed_loop(concurrency, rows[: 2 * concurrency], run_one)
     timer.collect()
     results = []
     for concurrency in levels:
         before = {name: getattr(generator, name) for name in LOOP_COUNTERS}
+        captures = generator.model.captures
         result = closed_loop(concurrency, rows[: level_size(concurrency, rows)], run_one)
         shares = timer.collect()
         result.update({f"{label}_s": seconds for label, seconds in shares.items()})
         result.update({name: getattr(generator, name) - before[name] for name in LOOP_COUNTERS})
+        result["captures"] = generator.model.captures - captures  # CUDA graphs first met during the level
         result["step_ms"] = result["wall_s"] / max(result["steps"], 1) * 1e3
         results.append(result)
         print(f"  torch engine c={concurrency}: {json.dumps(_rounded(result))}", flush=True)
@@ -285,7 +288,10 @@ def _transformers_level(model, dtype, concurrency: int, rows: list[Utterance], c
         if device == "cuda":
             torch.cuda.synchronize()
 
-    run_batch(rows[:concurrency])  # warm-up
+    # Warm-up over three batches, of different lengths: the static cache compiles its forward pass on first use and
+    # again when a shape first changes (then with dynamic shapes), which would otherwise land inside the level.
+    for first in range(0, 3 * concurrency, concurrency):
+        run_batch(rows[first : first + concurrency])
     latencies = []
     start = time.perf_counter()
     for first in range(0, len(rows), concurrency):

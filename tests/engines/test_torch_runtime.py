@@ -357,6 +357,21 @@ def test_a_request_with_several_prompts_and_the_input_included(generator, hf_mod
 # --- (e) continuous batching -----------------------------------------------------------------------------------
 
 
+def test_a_sequence_that_fills_max_seq_len_leaves_its_slot_inside_the_cache(qwen2_dir):
+    """The step after a sequence's last token still runs its slot (the loop queues it before reading that token):
+    a sequence that filled its room, in a slot below one that runs on, must not take later steps past the cache."""
+    gen = load_generator(qwen2_dir, max_slots=4, max_input_len=48, max_seq_len=96)
+    try:
+        filling, short = prompts_of([40, 4], seed=21)
+        alone = run_all(gen, [greedy(short, 1000)])[0].tokens
+        sinks = run_all(gen, [greedy(filling, 1000), greedy(short, 1000)])
+        assert [sink.error for sink in sinks] == [None, None]
+        assert [len(sink.tokens) for sink in sinks] == [96 - 40, 96 - 4]
+        assert sinks[1].tokens == alone
+    finally:
+        gen.close()
+
+
 def test_concurrent_requests_share_decode_steps(generator):
     prompts = prompts_of([5 + i for i in range(12)], seed=11)
     steps = generator.steps

@@ -1,7 +1,10 @@
 """The continuous batch: a thread that owns the model, admits requests into free KV-cache slots, and decodes.
 
 :meth:`Generator.submit` only queues a request and returns. The decode thread admits waiting sequences (one batched
-prefill), then runs one decode step over every running sequence, and repeats. Tokens, final outputs and errors go to
+prefill), then runs one decode step over every running sequence, and repeats. A step's inputs are on the device once
+the step before it has run, so the thread queues step N+1 before it reads the tokens of step N: the GPU does not wait
+for the host's work on them (sequences whose next step depends on those tokens, through bans or returned log
+probabilities and logits, make the steps run one at a time while they run). Tokens, final outputs and errors go to
 each request's :class:`ResponseSink` from a second thread, so sending (an IPC under Triton) overlaps the next step.
 An error in a step becomes an error for the requests it touched; the loop itself keeps running.
 
@@ -44,12 +47,15 @@ from ...contract import (
     encoder_mismatch,
     refusal,
 )
+from .host import to_host
 from .model import PrefillInputs, SlotModel
 from .sampling import SlotSampler
 
 log = logging.getLogger(__name__)
 
 CAPABILITIES = Capabilities("torch")
+#: Admission batches queued on the admission stream at once: one running, the next waiting for it.
+ADMISSIONS_IN_FLIGHT = 2
 
 
 @dataclass(frozen=True)
@@ -89,7 +95,7 @@ class _Sequence:
 
     __slots__ = (
         "job", "row", "index", "prompt", "limit", "slot", "tokens", "log_probs", "cum_log_prob", "logits", "extras",
-        "rules", "fed",
+        "rules", "lockstep", "fed",
     )  # fmt: skip
 
     def __init__(self, job: _Job, row: int, index: int, prompt: list[int], limit: int):
@@ -105,9 +111,11 @@ class _Sequence:
         self.cum_log_prob = 0.0
         self.logits: list[np.ndarray] = []
         request = job.request
-        #: Whether each step must fetch this sequence's log probability or logits, and whether it has bans to set.
+        #: Whether each step must fetch this sequence's log probability or logits, and whether it has bans to set:
+        #: either way its next step needs its last token on the host first (see :attr:`lockstep`).
         self.extras = request.return_log_probs or request.return_generation_logits
         self.rules = bool(request.bad_words or request.min_tokens)
+        self.lockstep = self.extras or self.rules
         #: Prompt tokens given to the decode steps so far, while the prompt is fed rather than prefilled.
         self.fed = len(prompt)
 
@@ -172,6 +180,19 @@ Event = tuple[Callable[..., None], tuple[Any, ...], bool]
 
 
 @dataclass
+class _Step:
+    """A decode step in flight: its sequences, whether its choice for each is dropped (a prompt token is fed next
+    instead), its chosen tokens on their way to the host (``ready`` passed: there), and its logits when it runs in
+    lockstep (some sequence has bans or wants extras)."""
+
+    sequences: list[_Sequence]
+    dropped: list[bool]
+    tokens: torch.Tensor
+    ready: torch.cuda.Event | None
+    logits: torch.Tensor | None
+
+
+@dataclass
 class _Admission:
     """Sequences given slots and admitted together: their last prompt positions' logits (None when their prompts
     are fed to the decode steps), ready once ``done`` (None: already) has passed. ``inputs``, made on the decode
@@ -204,7 +225,8 @@ class Generator:
         #: Slot -> its sequence: decoding (``_running``) or being admitted (``_admitting``, prefill in flight).
         self._running: dict[int, _Sequence] = {}
         self._admitting: dict[int, _Sequence] = {}
-        self._admission: _Admission | None = None
+        #: Admissions in flight, in the order the admission stream runs them.
+        self._admissions: deque[_Admission] = deque()
         overlap = model.overlap_admission and model.use_graphs
         self._decode_stream = torch.cuda.Stream(model.device, priority=-1) if overlap else None
         self._admission_stream = torch.cuda.Stream(model.device) if overlap else None
@@ -212,8 +234,11 @@ class Generator:
         self._jobs: set[_Job] = set()
         self._events: list[Event] = []
         self._freed: list[int] = []
-        #: Running sequences whose steps fetch log probabilities or logits (none: the step skips the fetch).
-        self._with_extras = 0
+        #: The decode step whose tokens the host has not read yet (the next step is queued before they are read).
+        self._in_flight: _Step | None = None
+        #: Running sequences whose next step needs the last one's tokens on the host first (:attr:`_Sequence.lockstep`):
+        #: while any runs, steps run one at a time.
+        self._lockstep = 0
         self._next_cancel_check = 0.0
         self._loop = threading.Thread(target=self._run, name="trtdeploy-decode", daemon=True)
         self._sender = threading.Thread(target=self._send, name="trtdeploy-send", daemon=True)
@@ -287,14 +312,14 @@ class Generator:
     def _loop_until_closed(self) -> None:
         while True:
             try:
-                if not self._intake(block=not self._running and not self._admitting and not self._waiting):
+                idle = not (self._running or self._admitting or self._waiting or self._in_flight)
+                if not self._intake(block=idle):
                     break
                 if time.monotonic() >= self._next_cancel_check:
                     self._drop_cancelled()
-                if self._admission is not None or (self._waiting and self._free):
+                if self._admissions or (self._waiting and self._free):
                     self._admit()
-                if self._running:
-                    self._step()
+                self._step()
             except Exception as exc:  # a bug in the loop itself: fail what is in flight, keep serving
                 log.exception("decode loop error")
                 for job in list(self._jobs):
@@ -336,21 +361,29 @@ class Generator:
                 self._fail(job, "the request was cancelled", cancelled=True)
 
     def _admit(self) -> None:
-        """Start the sequences whose prefill has finished, then prefill as many waiting sequences as fit the free
-        slots and the token budget, in one batch (one batch in flight at a time)."""
-        admission = self._admission
-        if admission is not None:
-            if self._running and admission.done is not None and not admission.done.query():
-                return  # still encoding or prefilling: the running sequences step meanwhile
-            self._admission = None
-            self._start(admission)
-        if self._waiting and self._free:
-            self._launch()
-            if self._admission is not None and (self._admission.done is None or not self._running):
-                admission, self._admission = self._admission, None
-                self._start(admission)  # nothing to overlap with
+        """Start the admissions whose prefill has finished, then prefill as many waiting sequences as fit the free
+        slots and the token budget, in one batch.
 
-    def _launch(self) -> None:
+        Where admission overlaps decoding, up to :data:`ADMISSIONS_IN_FLIGHT` batches are queued on the admission
+        stream: the next one is queued while one runs, so that stream never waits for the host, and it takes every
+        sequence that arrived meanwhile (a larger batch encodes more cheaply per input).
+        """
+        while self._admissions:
+            admission = self._admissions[0]
+            if self._running and admission.done is not None and not admission.done.query():
+                break  # still encoding or prefilling: the running sequences step meanwhile
+            self._admissions.popleft()
+            self._start(admission)
+        if self._waiting and self._free and len(self._admissions) < ADMISSIONS_IN_FLIGHT:
+            admission = self._launch()
+            if admission is None:
+                return
+            if admission.done is None or not self._running:
+                self._start(admission)  # nothing to overlap with
+            else:
+                self._admissions.append(admission)
+
+    def _launch(self) -> _Admission | None:
         """Give waiting sequences slots and prefill them (encoding first, for an encoder-decoder model): on the
         admission stream where admission overlaps decoding, else at once."""
         self._stop_freed()  # before a freed slot is reused
@@ -370,7 +403,7 @@ class Generator:
             batch.append(sequence)
             longest = widest
         if not batch:
-            return
+            return None
         prompts = [sequence.prompt for sequence in batch]
         slots = [sequence.slot for sequence in batch]
         stream = self._admission_stream
@@ -394,8 +427,8 @@ class Generator:
             if stream is not None:
                 stream.synchronize()  # before the inputs it may still read are freed
             self._fail_admission(batch, exc)
-            return
-        self._admission = _Admission(batch, inputs, logits, done)
+            return None
+        return _Admission(batch, inputs, logits, done)
 
     def _start(self, admission: _Admission) -> None:
         """Sample the admitted sequences' first tokens and make the unfinished ones decode."""
@@ -406,7 +439,7 @@ class Generator:
         for sequence in batch:
             del self._admitting[sequence.slot]
             self._running[sequence.slot] = sequence
-            self._with_extras += sequence.extras
+            self._lockstep += sequence.lockstep
         if not batch:
             return
         try:
@@ -475,38 +508,78 @@ class Generator:
         return [(log_prob, found.get(i)) for i, log_prob in enumerate(log_probs)]
 
     def _step(self) -> None:
-        """One decode step over every running sequence."""
+        """Queue a decode step over every running sequence, then read the last step's tokens while it runs.
+
+        A step's inputs are on the device when the one before it has run (its chosen tokens, fed prompt tokens), so
+        the host queues step N+1 before it reads the tokens of step N: the GPU never waits for the host's work on
+        them. A sequence that finished at step N has run step N+1 too: that choice is ignored, its write lands at
+        the last position its limit leaves room for, and freeing the slot takes its position back to 0
+        (:meth:`SlotModel.stop`).
+        """
+        lockstep = self._lockstep > 0
+        if lockstep:
+            self._finish_in_flight()  # the next step's bans come from its tokens
+        step = self._launch_step(lockstep) if self._running else None
+        self._finish_in_flight()
+        self._in_flight = step
+        if lockstep:
+            self._finish_in_flight()  # before its logits are overwritten
+
+    def _launch_step(self, lockstep: bool) -> _Step | None:
         running = self._running
         top = max(running) + 1
-        span = max(len(s.prompt) + len(s.tokens) for s in running.values())
+        # the tokens of the step in flight are not counted yet
+        span = max(len(s.prompt) + len(s.tokens) for s in running.values()) + (self._in_flight is not None)
         batch, span = self.model.buckets(top, span)
         sequences = list(running.values())
         try:
             logits = self.model.decode(batch, span)
             chosen = self.sampler.sample_decode(logits, self.model.positions[:batch])
             self.model.advance(batch, chosen)
-            tokens = chosen.tolist()
-            extras = self._extras(sequences, logits, [s.slot for s in sequences]) if self._with_extras else None
+            tokens, ready = to_host(chosen)
+            # A sequence whose prompt is still going through the steps: the step's choice is dropped, and the next
+            # prompt token is fed instead.
+            dropped = [sequence.fed < len(sequence.prompt) for sequence in sequences]
+            feeding = [sequence for sequence, drop in zip(sequences, dropped, strict=True) if drop]
+            if feeding:
+                self.model.feed([s.slot for s in feeding], [s.prompt[s.fed] for s in feeding])
+                for sequence in feeding:
+                    sequence.fed += 1
         except Exception as exc:
-            log.exception("decode step failed")
-            for job in {sequence.job for sequence in sequences}:
-                self._fail(job, f"decode step failed: {exc}")
-            return
+            self._fail_step(sequences, exc)
+            return None
         self.steps += 1
-        self.steps_beside_admission += self._admission is not None
+        self.steps_beside_admission += bool(self._admissions)
         self.peak_batch = max(self.peak_batch, len(running))
-        feeding = []  # sequences whose prompt is still going through the steps: the step's choice is dropped
-        for row, sequence in enumerate(sequences):
-            if sequence.fed < len(sequence.prompt):
-                feeding.append(sequence)
-            elif extras is None:
+        return _Step(sequences, dropped, tokens, ready, logits if lockstep else None)
+
+    def _finish_in_flight(self) -> None:
+        """Read the step in flight's tokens and give them to their sequences (those still running)."""
+        step, self._in_flight = self._in_flight, None
+        if step is None:
+            return
+        try:
+            if step.ready is not None:
+                step.ready.synchronize()
+            tokens = step.tokens.tolist()
+            extras = None
+            if step.logits is not None:  # a lockstep step: read before any other step ran or any sequence ended
+                extras = self._extras(step.sequences, step.logits, [sequence.slot for sequence in step.sequences])
+        except Exception as exc:
+            self._fail_step(step.sequences, exc)
+            return
+        for row, (sequence, dropped) in enumerate(zip(step.sequences, step.dropped, strict=True)):
+            if dropped or sequence.slot is None or self._running.get(sequence.slot) is not sequence:
+                continue  # a prompt token is fed next, or the sequence has finished or failed since
+            if extras is None:
                 self._accept(sequence, tokens[sequence.slot])
             else:
                 self._accept(sequence, tokens[sequence.slot], *extras[row])
-        if feeding:
-            self.model.feed([s.slot for s in feeding], [s.prompt[s.fed] for s in feeding])
-            for sequence in feeding:
-                sequence.fed += 1
+
+    def _fail_step(self, sequences: list[_Sequence], exc: Exception) -> None:
+        log.exception("decode step failed")
+        for job in {sequence.job for sequence in sequences}:
+            self._fail(job, f"decode step failed: {exc}")
 
     def _accept(self, sequence: _Sequence, token: int, log_prob: float = 0.0, logits: np.ndarray | None = None) -> bool:
         """Record a sequence's new token; True when the sequence is finished (its slot is then free)."""
@@ -550,7 +623,7 @@ class Generator:
         slot, sequence.slot = sequence.slot, None
         if self._running.get(slot) is sequence:
             del self._running[slot]
-            self._with_extras -= sequence.extras
+            self._lockstep -= sequence.lockstep
         elif self._admitting.get(slot) is sequence:
             del self._admitting[slot]
         else:

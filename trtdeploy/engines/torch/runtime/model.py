@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .host import to_device
+
 log = logging.getLogger(__name__)
 
 #: Batch and attention-span buckets a decode step is rounded up to (then capped by the slots / max_seq_len).
@@ -129,6 +131,8 @@ class SlotModel(ABC):
         #: Pad prefills to (rows, length) buckets; on by default with graphs, which replay padded prefills.
         self.pad_prefill = self.use_graphs
         self._graphs: dict[tuple[int, int, Hashable], torch.cuda.CUDAGraph] = {}
+        #: CUDA graphs captured so far (decode, prefill, sampling, encoder), for stats.
+        self.captures = 0
         self._step_form: Hashable = None
         self._prefill_graphs: dict[tuple[int, int], tuple] = {}
         #: (memory pool, capture stream) of the decode steps' graphs and, where admission overlaps decoding, of
@@ -161,8 +165,7 @@ class SlotModel(ABC):
 
     @torch.inference_mode()
     def stage_prefill(self, prompts: list[list[int]], slots: list[int]) -> PrefillInputs:
-        """A prefill's inputs on the device (copied before the work that runs it is queued: a copy from pageable
-        memory waits for that work).
+        """A prefill's inputs on the device (made before the work that reads them is queued on another stream).
 
         With :attr:`pad_prefill` (on with CUDA graphs), a small prefill is padded to a (rows, length) bucket and
         replayed as a CUDA graph; padding rows write their K/V into a scratch slot that no sequence owns.
@@ -178,7 +181,7 @@ class SlotModel(ABC):
         last = torch.zeros(rows, dtype=torch.long)
         last[:count] = torch.as_tensor([len(prompt) - 1 for prompt in prompts], dtype=torch.long)
         return PrefillInputs(
-            ids.to(self.device), slot_index.to(self.device), last.to(self.device), count, bucket is not None
+            *(to_device(tensor, self.device) for tensor in (ids, slot_index, last)), count, bucket is not None
         )
 
     @torch.inference_mode()
@@ -194,7 +197,9 @@ class SlotModel(ABC):
                 for buffer, value in zip(buffers, tensors, strict=True):
                     buffer.copy_(value)
                 graph.replay()
-                return logits[: inputs.count]
+                # A copy: the graph's output buffer is the next replay's, and with admissions queued one behind the
+                # other that replay can run before the generator has sampled from these logits.
+                return logits[: inputs.count].clone()
         return self._prefill_forward(*tensors)[: inputs.count]
 
     def _prefill_bucket(self, count: int, longest: int) -> tuple[int, int] | None:
@@ -224,9 +229,17 @@ class SlotModel(ABC):
             for _ in range(2):
                 forward()
         torch.cuda.current_stream(self.device).wait_stream(capture_stream)
+        # Not torch.cuda.graph(): it synchronises the device and empties the allocator's caches (the pinned host
+        # memory's too) first, which stalls every running sequence when a bucket is first met mid-load (then each
+        # freed block is allocated again, synchronising too). The capture is this thread's alone, from its own pool.
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool, stream=capture_stream, capture_error_mode="thread_local"):
-            output = forward()
+        with torch.cuda.stream(capture_stream):
+            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+            try:
+                output = forward()
+            finally:
+                graph.capture_end()
+        self.captures += 1
         return graph, output
 
     @torch.inference_mode()
@@ -263,7 +276,7 @@ class SlotModel(ABC):
         return graph
 
     def _ids(self, values: list[int]) -> torch.Tensor:
-        return torch.as_tensor(values, dtype=torch.long, device=self.device)
+        return to_device(values, self.device, torch.long)
 
     @torch.inference_mode()
     def start(self, slots: list[int], tokens: list[int], positions: list[int]) -> None:
@@ -286,8 +299,13 @@ class SlotModel(ABC):
 
     @torch.inference_mode()
     def stop(self, slots: list[int]) -> None:
-        """Mark slots free: their positions stop advancing."""
-        self.active.index_fill_(0, self._ids(slots), 0)
+        """Mark slots free: their positions stop advancing, from 0. A free slot below a running one still takes part
+        in the steps, so it must read and write inside the cache: the generator runs one more step over a sequence
+        after its last token before it frees the slot, and that step's advance can take a sequence that filled
+        its room to ``max_seq_len``."""
+        index = self._ids(slots)
+        self.active.index_fill_(0, index, 0)
+        self.positions.index_fill_(0, index, 0)
 
     @torch.inference_mode()
     def advance(self, batch: int, next_tokens: torch.Tensor) -> None:
@@ -396,7 +414,7 @@ class DecoderModel(SlotModel):
     def prompt_logits(self, prompt: list[int]) -> torch.Tensor:
         """float32 logits ``[len(prompt), vocab]`` at every prompt position (TRT-LLM's context logits), computed
         eagerly through the scratch slot, whose K/V no sequence reads."""
-        ids = torch.as_tensor([prompt], dtype=torch.long, device=self.device)
+        ids = self._ids([prompt])
         scratch = torch.full((1,), self.max_slots, dtype=torch.long, device=self.device)
         return self._prefill_forward(ids, scratch, None)[0]
 

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ...contract import SamplingParams
+from .host import to_device
 
 log = logging.getLogger(__name__)
 
@@ -166,10 +167,10 @@ class SlotSampler:
         embedding bias (``[<= vocab]``, or None) and whether the chosen tokens' log probabilities are wanted."""
         for slot, item in zip(slots, params, strict=True):
             self.params[slot] = item
-        index = torch.as_tensor(slots, dtype=torch.long, device=self.device)
+        index = to_device(slots, self.device, torch.long)
 
         def put(buffer: torch.Tensor, values: list) -> None:
-            buffer.index_copy_(0, index, torch.as_tensor(values, dtype=buffer.dtype).to(self.device))
+            buffer.index_copy_(0, index, to_device(values, self.device, buffer.dtype))
 
         put(self.temperature, [max(p.temperature, 1e-6) for p in params])
         put(self.top_k, [max(p.top_k, 0) for p in params])
@@ -183,14 +184,14 @@ class SlotSampler:
             if item.penalised:
                 if self.counts is None:
                     self.counts = self._table(torch.int32)
-                ids = torch.as_tensor(prompt, dtype=torch.long, device=self.device)
+                ids = to_device(prompt, self.device, torch.long)
                 self.counts[slot] = torch.bincount(ids, minlength=self.vocab_size).to(torch.int32)
             bias = None if biases is None else biases[position]
             self._forget_bias(slot)
             if bias is not None:
                 if self.bias is None:
                     self.bias = self._table(torch.float32)
-                self.bias[slot, : len(bias)] = torch.as_tensor(bias, dtype=torch.float32).to(self.device)
+                self.bias[slot, : len(bias)] = to_device(bias, self.device, torch.float32)
                 self._biased.add(slot)
             if log_probs is not None and log_probs[position]:
                 self._log_probs.add(slot)
@@ -204,9 +205,9 @@ class SlotSampler:
         if self.banned is None:
             self.banned = self._table(torch.bool)
         if old:
-            self.banned[slot, torch.as_tensor(sorted(old), device=self.device)] = False
+            self.banned[slot, to_device(sorted(old), self.device, torch.long)] = False
         if tokens:
-            self.banned[slot, torch.as_tensor(sorted(tokens), device=self.device)] = True
+            self.banned[slot, to_device(sorted(tokens), self.device, torch.long)] = True
             self._bans[slot] = tokens
         else:
             del self._bans[slot]
@@ -252,7 +253,7 @@ class SlotSampler:
         which makes a request's draws depend on its own progress only.
         """
         plan = self._plan(slots)
-        rows = torch.as_tensor(slots, dtype=torch.long).to(self.device)
+        rows = to_device(slots, self.device, torch.long)
         return self._remember(rows, self._choose(logits, rows, counters, plan), plan)
 
     @torch.inference_mode()

@@ -9,9 +9,12 @@ that of its own frames, never of zeros appended to them.
 
 Each decoder layer's cross-attention K/V of a sequence is computed once, at admission, into a static cache
 ``[layers, slots + 1, heads, max_source_positions, head_dim]``; the self-attention KV cache, the decode step's
-static inputs, its ``(batch, span)`` buckets and CUDA graphs, and the padded prefill are :class:`SlotModel`'s. On a
+static inputs, its buckets and CUDA graphs, and the padded prefill are :class:`SlotModel`'s. On a
 GPU the encoder of whole windows runs as a CUDA graph per batch bucket, on the generator's admission stream beside
-the decode steps; a decode step masks the cross-attention only while some slot's encoder output is partial.
+the decode steps; a decode step masks the cross-attention only while some slot's encoder output is partial. On a
+GPU with Triton, the residual adds and LayerNorms, the decode step's self-attention with its K/V writes, and the
+cross-attention K/V writes are fused kernels (:mod:`.kernels`); the step then does not depend on the attention
+span, and one CUDA graph serves each batch bucket.
 The decoder has learned positions (``max_target_positions``, the longest a sequence can be) and the LM head tied
 to the token embedding. q/k/v of every self-attention are one matmul, and so are k/v of each cross-attention.
 Whisper's head size is 64, so the query scaling (1/8, a power of two) is folded into the query weights exactly.
@@ -26,6 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from ....memory import ENCODER_BATCH  # inputs encoded in one batch (bounds the activations at admission)
+from .host import to_device
+from .kernels import add_layer_norm, decode_self_attention, fused, write_cross_kv
 from .model import BATCH_BUCKETS, SlotModel, _bucket, _fuse
 
 Linear = tuple[torch.Tensor, torch.Tensor | None]
@@ -113,8 +118,7 @@ class WhisperModel(SlotModel):
         self.max_frames = config.max_source_positions
         self.max_features = self.max_frames * encoder.conv1.stride[0] * encoder.conv2.stride[0]
         self.eps = encoder.layer_norm.eps
-        self.encoder_act = encoder.layers[0].activation_fn
-        self.decoder_act = decoder.layers[0].activation_fn
+        self.act = encoder.layers[0].activation_fn  # config.activation_function, the encoder's and decoder's
         self.conv1 = _linear(encoder.conv1)
         self.conv2 = _linear(encoder.conv2)
         self.encoder_positions = encoder.embed_positions.weight.detach()
@@ -124,7 +128,15 @@ class WhisperModel(SlotModel):
         self.embed = decoder.embed_tokens.weight.detach()
         self.decoder_positions = decoder.embed_positions.weight.detach()
         self.final_norm = _norm(decoder.layer_norm)
-        self.lm_head = head.detach()
+        # cuBLAS runs a slow kernel for rows of 51,866 fp16 logits (not 16-byte aligned): the LM head writes rows
+        # padded to a multiple of 64, and the logits are a view of their first vocab_size columns. The head is tied
+        # to the token embedding in Whisper's checkpoints: both then are views of one padded table.
+        padded = -(-self.vocab_size // 64) * 64
+        self.lm_head = F.pad(head.detach(), (0, 0, 0, padded - self.vocab_size))
+        if head.data_ptr() == self.embed.data_ptr():
+            self.embed = self.lm_head[: self.vocab_size]
+        self._padded_logits = torch.zeros(max_slots, padded, dtype=self.dtype, device=self.device)
+        self.logits = self._padded_logits[:, : self.vocab_size]
 
         cache_shape = (len(self.layers), max_slots + 1, self.num_heads, max_seq_len, self.head_dim)
         self.k_cache = torch.zeros(cache_shape, dtype=self.dtype, device=self.device)
@@ -141,6 +153,8 @@ class WhisperModel(SlotModel):
         self._partial_slots: set[int] = set()
         self._full_lengths = torch.full((ENCODER_BATCH,), self.max_frames, dtype=torch.long, device=self.device)
         self._encoder_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        #: The fused self-attention reads each slot's own keys whatever the span: one decode graph per batch bucket.
+        self._span_free = fused(self.k_cache, dim=self.head_dim)
 
     @staticmethod
     def _encoder_layer(layer: torch.nn.Module) -> _EncoderLayer:
@@ -180,6 +194,10 @@ class WhisperModel(SlotModel):
         whisper = WhisperForConditionalGeneration.from_pretrained(model_dir, dtype=dtype).to(device).eval()
         return cls(whisper, max_slots=max_slots, max_seq_len=max_seq_len, cuda_graphs=cuda_graphs)
 
+    def buckets(self, batch: int, span: int) -> tuple[int, int]:
+        batch, span = super().buckets(batch, span)
+        return batch, self.max_seq_len if self._span_free else span
+
     def weight_bytes(self) -> int:
         """Bytes of weights a decode step reads (the decoder's layers, its final norm and the LM head)."""
         tensors = [*self.final_norm, self.lm_head]
@@ -208,8 +226,8 @@ class WhisperModel(SlotModel):
         """Encode each slot's ``[frames, n_mels]`` features and fill its cross-attention K/V, batched.
 
         Slots given the same features object (the return sequences of one prompt) share one encoder pass. Every
-        input is copied to the device before the first batch runs (a copy from pageable memory waits for the work
-        queued before it). With CUDA graphs, batches of whole windows (``max_features`` frames each, as Whisper's
+        input is on its way to the device (through pinned memory) before the first batch is queued. With CUDA
+        graphs, batches of whole windows (``max_features`` frames each, as Whisper's
         feature extractor pads them), one slot per input, replay a graph per batch bucket: eagerly, a window's ~20
         kernels per layer cost more in launches than on the GPU.
         """
@@ -256,10 +274,10 @@ class WhisperModel(SlotModel):
             mels[row, :frames] = item[:frames]
         slot_index = slots + [self.max_slots] * (count - len(slots))
         return _EncoderBatch(
-            mels=torch.from_numpy(mels).to(self.device, self.dtype),
-            lengths=torch.as_tensor([len(item) // 2 for item in chunk], device=self.device),
-            rows=torch.as_tensor(rows, device=self.device),
-            slot_index=torch.as_tensor(slot_index, device=self.device),
+            mels=to_device(mels, self.device).to(self.dtype),
+            lengths=self._ids([len(item) // 2 for item in chunk]),
+            rows=self._ids(rows),
+            slot_index=self._ids(slot_index),
             graph_rows=count if graphed else 0,
         )
 
@@ -280,12 +298,8 @@ class WhisperModel(SlotModel):
 
     def _write_cross(self, hidden: torch.Tensor, slot_index: torch.Tensor, lengths: torch.Tensor) -> None:
         """Each decoder layer's cross-attention K/V of ``hidden [n, frames, hidden]`` into slots ``slot_index``."""
-        frames = hidden.shape[1]
         for index, layer in enumerate(self.layers):
-            kv = F.linear(hidden, *layer.cross_kv).unflatten(-1, (2 * self.num_heads, self.head_dim))
-            k, v = kv.transpose(1, 2).chunk(2, 1)
-            self.cross_k[index, slot_index, :, :frames] = k
-            self.cross_v[index, slot_index, :, :frames] = v
+            write_cross_kv(F.linear(hidden, *layer.cross_kv), self.cross_k[index], self.cross_v[index], slot_index)
         self.encoder_lengths[slot_index] = lengths
 
     def _encoder_stack(self, mels: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
@@ -303,87 +317,79 @@ class WhisperModel(SlotModel):
         mask = None
         if lengths is not None and bool((lengths < frames).any()):
             mask = (self._frames[None, :frames] < lengths[:, None])[:, None, None, :]
+        # fp16 activations are clamped after each layer, as transformers' encoder layer keeps them finite.
+        bound = torch.finfo(torch.float16).max - 1000 if x.dtype == torch.float16 else None
         heads = self.encoder_heads
-        for layer in self.encoder_layers:
-            h = F.layer_norm(x, (self.hidden,), *layer.attn_norm, self.eps)
+        h = F.layer_norm(x, (self.hidden,), *self.encoder_layers[0].attn_norm, self.eps)
+        following = [layer.attn_norm for layer in self.encoder_layers[1:]] + [self.encoder_norm]
+        for layer, next_norm in zip(self.encoder_layers, following, strict=True):
             qkv = F.linear(h, *layer.qkv).unflatten(-1, (3 * heads, -1)).transpose(1, 2)
             q, k, v = qkv.chunk(3, 1)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
-            x = x + F.linear(out.transpose(1, 2).flatten(2), *layer.out)
-            h = F.layer_norm(x, (self.hidden,), *layer.mlp_norm, self.eps)
-            x = x + F.linear(self.encoder_act(F.linear(h, *layer.fc1)), *layer.fc2)
-            if x.dtype == torch.float16:  # as transformers' encoder layer keeps fp16 activations finite
-                bound = torch.finfo(torch.float16).max - 1000
-                x = x.clamp(-bound, bound)
-        return F.layer_norm(x, (self.hidden,), *self.encoder_norm, self.eps)
+            x, h = add_layer_norm(x, F.linear(out.transpose(1, 2).flatten(2), *layer.out), layer.mlp_norm, self.eps)
+            x, h = add_layer_norm(x, self._mlp(layer, h), next_norm, self.eps, clamp=bound)
+        return h  # the encoder's final LayerNorm, fused with the last layer's residual add
 
     # --- decoder ------------------------------------------------------------------------------------------------
 
-    def _mlp(self, layer: _DecoderLayer, x: torch.Tensor) -> torch.Tensor:
-        h = F.layer_norm(x, (self.hidden,), *layer.mlp_norm, self.eps)
-        return x + F.linear(self.decoder_act(F.linear(h, *layer.fc1)), *layer.fc2)
+    def _mlp(self, layer: _EncoderLayer | _DecoderLayer, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.act(F.linear(h, *layer.fc1)), *layer.fc2)
+
+    def _following_norms(self) -> list[Norm]:
+        """The LayerNorm after each decoder layer: the next layer's first, the final one after the last."""
+        return [layer.self_norm for layer in self.layers[1:]] + [self.final_norm]
 
     def _prefill_forward(self, ids: torch.Tensor, slot_index: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
         rows, length = ids.shape
         heads = self.num_heads
         x = F.embedding(ids, self.embed) + self.decoder_positions[:length]
+        h = F.layer_norm(x, (self.hidden,), *self.layers[0].self_norm, self.eps)
         attended = (self._frames[None, :] < self.encoder_lengths[slot_index][:, None])[:, None, None, :]
-        for index, layer in enumerate(self.layers):
-            h = F.layer_norm(x, (self.hidden,), *layer.self_norm, self.eps)
+        for index, (layer, next_norm) in enumerate(zip(self.layers, self._following_norms(), strict=True)):
             q, k, v = F.linear(h, *layer.qkv).unflatten(-1, (3 * heads, -1)).transpose(1, 2).chunk(3, 1)
             self.k_cache[index, slot_index, :, :length] = k
             self.v_cache[index, slot_index, :, :length] = v
             # Right padding: a real query never attends past its own position, so causal masking suffices.
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0)
-            x = x + F.linear(out.transpose(1, 2).flatten(2), *layer.self_out)
-            h = F.layer_norm(x, (self.hidden,), *layer.cross_norm, self.eps)
+            x, h = add_layer_norm(
+                x, F.linear(out.transpose(1, 2).flatten(2), *layer.self_out), layer.cross_norm, self.eps
+            )
             q = F.linear(h, *layer.cross_q).unflatten(-1, (heads, -1)).transpose(1, 2)
             keys, values = self.cross_k[index, slot_index], self.cross_v[index, slot_index]
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attended, scale=1.0)
-            x = x + F.linear(out.transpose(1, 2).flatten(2), *layer.cross_out)
-            x = self._mlp(layer, x)
+            x, h = add_layer_norm(
+                x, F.linear(out.transpose(1, 2).flatten(2), *layer.cross_out), layer.mlp_norm, self.eps
+            )
+            x, h = add_layer_norm(x, self._mlp(layer, h), next_norm, self.eps)
         if last is not None:
-            x = x[torch.arange(rows, device=self.device), last]
-        x = F.layer_norm(x, (self.hidden,), *self.final_norm, self.eps)
-        return F.linear(x, self.lm_head).float()
+            h = h[torch.arange(rows, device=self.device), last]
+        return F.linear(h, self.lm_head)[..., : self.vocab_size].float()
 
     def _choose_step_form(self, batch: int) -> bool:
         """Whether the step masks the cross-attention: whether a slot in ``[0, batch)`` has a partial window."""
         return any(slot < batch for slot in self._partial_slots)
 
     def _decode_forward(self, batch: int, span: int) -> None:
-        """One token for slots ``[0, batch)``. Both attentions go through SDPA, one fused kernel each (a third less
-        time per step than scores, softmax and weighted sum as three, on an H200 at batch 64), with additive masks
-        that broadcast over the heads: the self-attention's up to each slot's position, and, in the masked form of
-        the step, the cross-attention's up to each slot's encoder length."""
+        """One token for slots ``[0, batch)``. The self-attention writes the new K/V and attends to each slot's
+        cache up to its position (:func:`decode_self_attention`); the cross-attention is SDPA's fused kernel, with
+        an additive mask up to each slot's encoder length in the masked form of the step only."""
         heads, dim = self.num_heads, self.head_dim
         positions = self.positions[:batch]
-        write_index = positions.view(batch, 1, 1, 1).expand(batch, heads, 1, dim)
-        keys = torch.arange(span, device=self.device)
-        mask = torch.zeros(batch, 1, 1, span, dtype=self.dtype, device=self.device)
-        mask.masked_fill_((keys[None, :] > positions[:, None])[:, None, None, :], float("-inf"))
         cross_mask = None
         if self._step_form:  # some slot's encoder output is shorter than max_frames
             cross_mask = torch.zeros(batch, 1, 1, self.max_frames, dtype=self.dtype, device=self.device)
             beyond = self._frames[None, :] >= self.encoder_lengths[:batch, None]
             cross_mask.masked_fill_(beyond[:, None, None, :], float("-inf"))
-        x = F.embedding(self.tokens[:batch], self.embed) + self.decoder_positions[positions]
-        for index, layer in enumerate(self.layers):
-            h = F.layer_norm(x, (self.hidden,), *layer.self_norm, self.eps)
-            q, k, v = F.linear(h, *layer.qkv).view(batch, 3 * heads, dim).chunk(3, 1)
-            k_cache, v_cache = self.k_cache[index, :batch], self.v_cache[index, :batch]
-            k_cache.scatter_(2, write_index, k.unsqueeze(2))
-            v_cache.scatter_(2, write_index, v.unsqueeze(2))
-            out = F.scaled_dot_product_attention(
-                q.unsqueeze(2), k_cache[:, :, :span], v_cache[:, :, :span], attn_mask=mask, scale=1.0
-            )
-            x = x + F.linear(out.reshape(batch, -1), *layer.self_out)
-            h = F.layer_norm(x, (self.hidden,), *layer.cross_norm, self.eps)
+        x = F.embedding(self.tokens[:batch], self.embed)
+        x, h = add_layer_norm(x, self.decoder_positions[positions], self.layers[0].self_norm, self.eps)
+        for index, (layer, next_norm) in enumerate(zip(self.layers, self._following_norms(), strict=True)):
+            qkv = F.linear(h, *layer.qkv)
+            out = decode_self_attention(qkv, self.k_cache[index], self.v_cache[index], positions, span)
+            x, h = add_layer_norm(x, F.linear(out, *layer.self_out), layer.cross_norm, self.eps)
             q = F.linear(h, *layer.cross_q).view(batch, heads, 1, dim)
             out = F.scaled_dot_product_attention(
                 q, self.cross_k[index, :batch], self.cross_v[index, :batch], attn_mask=cross_mask, scale=1.0
             )
-            x = x + F.linear(out.reshape(batch, -1), *layer.cross_out)
-            x = self._mlp(layer, x)
-        x = F.layer_norm(x, (self.hidden,), *self.final_norm, self.eps)
-        torch.mm(x, self.lm_head.t(), out=self.logits[:batch])
+            x, h = add_layer_norm(x, F.linear(out.reshape(batch, -1), *layer.cross_out), layer.mlp_norm, self.eps)
+            x, h = add_layer_norm(x, self._mlp(layer, h), next_norm, self.eps)
+        torch.mm(h, self.lm_head.t(), out=self._padded_logits[:batch])

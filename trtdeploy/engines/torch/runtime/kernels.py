@@ -1,7 +1,9 @@
 """Fused kernels for the runtime on a GPU, written in Triton (which comes with PyTorch's CUDA wheels).
 
 Each function takes the same tensors on every device: on a CUDA device with Triton installed it runs one Triton
-kernel, elsewhere the same arithmetic as PyTorch ops (the CPU path, and the reference the GPU tests compare with).
+kernel, elsewhere the same arithmetic as PyTorch ops (the CPU path, and the reference the tests compare with). Under
+Triton's interpreter (``TRITON_INTERPRET=1``) the kernels run on CPU tensors too: that is how the tests check them
+on a machine without a GPU.
 What they save is launches: a Whisper decode step at batch 16 runs ~20 small kernels per layer, each a few
 microseconds whatever its size, and the encoder's residual adds and LayerNorms each read and write the whole
 activation.
@@ -16,6 +18,8 @@ activation.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -26,9 +30,15 @@ except ImportError:  # CPU-only PyTorch builds do not depend on Triton
     triton = None
 
 
+#: Triton's interpreter runs kernels with NumPy on the CPU (read where kernels are defined, at import).
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def fused(*tensors: torch.Tensor, dim: int = 1) -> bool:
-    """Whether the Triton kernel runs: on CUDA tensors, with a head size it can tile (a power of two)."""
-    return triton is not None and all(tensor.is_cuda for tensor in tensors) and dim & (dim - 1) == 0
+    """Whether the Triton kernel runs: on CUDA tensors (any, interpreted), with a head size it can tile (a power of
+    two)."""
+    on_device = INTERPRETED or all(tensor.is_cuda for tensor in tensors)
+    return triton is not None and on_device and dim & (dim - 1) == 0
 
 
 if triton is not None:

@@ -11,6 +11,8 @@ tritonserver, on the CPU and without the Hub::
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -91,3 +93,22 @@ def trtdeploy_serve() -> Iterator[Callable[[Deployment], RunningServer]]:
     yield serve
     for server in running.values():
         server.stop()
+
+
+@pytest.fixture
+def trtdeploy_triton_interpreter() -> Callable[..., None]:
+    """``run(test_file, *pytest_args)``: run a test file again in a subprocess under Triton's interpreter
+    (``TRITON_INTERPRET=1``, where Triton kernels run on CPU tensors), and fail with its output unless every test it
+    selects passed. How a plugin's GPU kernels are tested on a machine without a GPU: the file's kernel tests run where
+    the kernels compile or are interpreted, and skip elsewhere."""
+
+    def run(test_file: str, *pytest_args: str) -> None:
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file, *pytest_args]
+        done = subprocess.run(
+            command, env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600
+        )
+        summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+        if done.returncode != 0 or " passed" not in summary or "skipped" in summary:
+            pytest.fail(f"under Triton's interpreter: {summary}\n{done.stdout[-4000:]}{done.stderr[-2000:]}")
+
+    return run

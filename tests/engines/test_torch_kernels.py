@@ -5,9 +5,6 @@ again under Triton's interpreter (``TRITON_INTERPRET=1``), which runs them on CP
 """
 
 import contextlib
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -43,17 +40,8 @@ def on_cpu(value):
 @pytest.mark.skipif(
     kernels.triton is None or DEVICE == "cuda" or kernels.INTERPRETED, reason="runs the kernels where they compile"
 )
-def test_the_kernels_under_tritons_interpreter():
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "not interpreter"],
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    summary = run.stdout.strip().splitlines()[-1]
-    assert " passed" in summary and "skipped" not in summary, summary
+def test_the_kernels_under_tritons_interpreter(trtdeploy_triton_interpreter):
+    trtdeploy_triton_interpreter(__file__, "-k", "not interpreter")
 
 
 @kernel_test

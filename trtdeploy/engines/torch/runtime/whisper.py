@@ -128,6 +128,10 @@ class WhisperModel(SlotModel):
         self.embed = decoder.embed_tokens.weight.detach()
         self.decoder_positions = decoder.embed_positions.weight.detach()
         self.final_norm = _norm(decoder.layer_norm)
+        #: The LayerNorm after each layer, fused with its last residual add: the next layer's first, the stack's
+        #: final one after the last.
+        self._encoder_next_norms = [layer.attn_norm for layer in self.encoder_layers[1:]] + [self.encoder_norm]
+        self._decoder_next_norms = [layer.self_norm for layer in self.layers[1:]] + [self.final_norm]
         # cuBLAS runs a slow kernel for rows of 51,866 fp16 logits (not 16-byte aligned): the LM head writes rows
         # padded to a multiple of 64, and the logits are a view of their first vocab_size columns. The head is tied
         # to the token embedding in Whisper's checkpoints: both then are views of one padded table.
@@ -321,8 +325,7 @@ class WhisperModel(SlotModel):
         bound = torch.finfo(torch.float16).max - 1000 if x.dtype == torch.float16 else None
         heads = self.encoder_heads
         h = F.layer_norm(x, (self.hidden,), *self.encoder_layers[0].attn_norm, self.eps)
-        following = [layer.attn_norm for layer in self.encoder_layers[1:]] + [self.encoder_norm]
-        for layer, next_norm in zip(self.encoder_layers, following, strict=True):
+        for layer, next_norm in zip(self.encoder_layers, self._encoder_next_norms, strict=True):
             qkv = F.linear(h, *layer.qkv).unflatten(-1, (3 * heads, -1)).transpose(1, 2)
             q, k, v = qkv.chunk(3, 1)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
@@ -335,17 +338,13 @@ class WhisperModel(SlotModel):
     def _mlp(self, layer: _EncoderLayer | _DecoderLayer, h: torch.Tensor) -> torch.Tensor:
         return F.linear(self.act(F.linear(h, *layer.fc1)), *layer.fc2)
 
-    def _following_norms(self) -> list[Norm]:
-        """The LayerNorm after each decoder layer: the next layer's first, the final one after the last."""
-        return [layer.self_norm for layer in self.layers[1:]] + [self.final_norm]
-
     def _prefill_forward(self, ids: torch.Tensor, slot_index: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
         rows, length = ids.shape
         heads = self.num_heads
         x = F.embedding(ids, self.embed) + self.decoder_positions[:length]
         h = F.layer_norm(x, (self.hidden,), *self.layers[0].self_norm, self.eps)
         attended = (self._frames[None, :] < self.encoder_lengths[slot_index][:, None])[:, None, None, :]
-        for index, (layer, next_norm) in enumerate(zip(self.layers, self._following_norms(), strict=True)):
+        for index, (layer, next_norm) in enumerate(zip(self.layers, self._decoder_next_norms, strict=True)):
             q, k, v = F.linear(h, *layer.qkv).unflatten(-1, (3 * heads, -1)).transpose(1, 2).chunk(3, 1)
             self.k_cache[index, slot_index, :, :length] = k
             self.v_cache[index, slot_index, :, :length] = v
@@ -382,7 +381,7 @@ class WhisperModel(SlotModel):
             cross_mask.masked_fill_(beyond[:, None, None, :], float("-inf"))
         x = F.embedding(self.tokens[:batch], self.embed)
         x, h = add_layer_norm(x, self.decoder_positions[positions], self.layers[0].self_norm, self.eps)
-        for index, (layer, next_norm) in enumerate(zip(self.layers, self._following_norms(), strict=True)):
+        for index, (layer, next_norm) in enumerate(zip(self.layers, self._decoder_next_norms, strict=True)):
             qkv = F.linear(h, *layer.qkv)
             out = decode_self_attention(qkv, self.k_cache[index], self.v_cache[index], positions, span)
             x, h = add_layer_norm(x, F.linear(out, *layer.self_out), layer.cross_norm, self.eps)

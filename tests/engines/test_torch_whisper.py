@@ -435,6 +435,7 @@ def test_admission_beside_decode_steps_keeps_every_requests_tokens(whisper_dir, 
     gen = load_generator(whisper_dir, device="cuda", max_slots=8, max_input_len=16, max_seq_len=64)
     try:
         assert gen.model.overlap_admission and gen.model.use_graphs
+        assert sorted(gen.model._encoder_graphs) == list(range(1, 9))  # every encoder batch size, captured at load
         cases = [(clips[i % 3], PROMPTS[i % 3]) for i in range(12)]
         expected = {i: hf_generate(hf_whisper, *cases[i]) for i in range(3)}
         sinks = []

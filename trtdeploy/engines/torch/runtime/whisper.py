@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from ....memory import ENCODER_BATCH  # inputs encoded in one batch (bounds the activations at admission)
 from .host import to_device
 from .kernels import add_layer_norm, decode_self_attention, fused, write_cross_kv
-from .model import BATCH_BUCKETS, SlotModel, _bucket, _fuse
+from .model import SlotModel, _fuse
 
 Linear = tuple[torch.Tensor, torch.Tensor | None]
 Norm = tuple[torch.Tensor, torch.Tensor]
@@ -62,8 +62,7 @@ class _EncoderLayer:
 @dataclass
 class _EncoderBatch:
     """Inputs of one encoder pass, on the device: ``mels [n, T, n_mels]``, each input's encoder frames, the input
-    row of each slot to fill, and the slots (padded to ``graph_rows`` with the scratch slot where a CUDA graph
-    runs the batch, else 0)."""
+    row of each slot to fill, the slots, and the rows of the CUDA graph that runs the batch (0: run eagerly)."""
 
     mels: torch.Tensor
     lengths: torch.Tensor
@@ -159,6 +158,23 @@ class WhisperModel(SlotModel):
         self._encoder_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         #: The fused self-attention reads each slot's own keys whatever the span: one decode graph per batch bucket.
         self._span_free = fused(self.k_cache, dim=self.head_dim)
+        if self.use_graphs:
+            self._capture_graphs()
+
+    @torch.inference_mode()
+    def _capture_graphs(self) -> None:
+        """Capture the CUDA graphs of every encoder batch size and of the whole-window decode step of every batch
+        bucket now, at load: a graph captured where it is first met stalls every running sequence (up to a second
+        under load). The captures' writes go to slots that no sequence owns yet."""
+        try:
+            for rows in range(1, min(ENCODER_BATCH, self.max_slots) + 1):
+                self._encoder_graph(rows)
+            if self._span_free:
+                self._step_form = False
+                for batch in sorted({self.buckets(count, 1)[0] for count in range(1, self.max_slots + 1)}):
+                    self._graph(batch, self.max_seq_len)
+        except RuntimeError:
+            self._give_up_graphs()
 
     @staticmethod
     def _encoder_layer(layer: torch.nn.Module) -> _EncoderLayer:
@@ -265,24 +281,23 @@ class WhisperModel(SlotModel):
             self._write_cross(hidden[batch.rows], batch.slot_index[:count], batch.lengths[batch.rows])
 
     def _stage(self, chunk: list[np.ndarray], rows: list[int], slots: list[int]) -> _EncoderBatch:
-        """An encoder batch on the device: whole windows, one slot each, padded to a graph's batch bucket (padding
-        rows write the scratch slot); else the features zero-padded to the longest (an odd last frame makes no
-        encoder frame, and is dropped)."""
+        """An encoder batch on the device: whole windows, one slot each, run by the CUDA graph of exactly that many
+        rows (at most :data:`ENCODER_BATCH` graphs: a window costs as much as a decode step, so padding a batch to
+        a bucket, 5 windows to 8, would cost more than the captures); else the features zero-padded to the longest
+        (an odd last frame makes no encoder frame, and is dropped)."""
         one_slot_each = rows == list(range(len(chunk)))
         graphed = self.use_graphs and one_slot_each and all(len(item) == self.max_features for item in chunk)
-        count = _bucket(len(chunk), BATCH_BUCKETS, ENCODER_BATCH) if graphed else len(chunk)
         longest = max(len(item) // 2 * 2 for item in chunk)
-        mels = np.zeros((count, longest, self.n_mels), dtype=chunk[0].dtype)
+        mels = np.zeros((len(chunk), longest, self.n_mels), dtype=chunk[0].dtype)
         for row, item in enumerate(chunk):
             frames = len(item) // 2 * 2
             mels[row, :frames] = item[:frames]
-        slot_index = slots + [self.max_slots] * (count - len(slots))
         return _EncoderBatch(
             mels=to_device(mels, self.device).to(self.dtype),
             lengths=self._ids([len(item) // 2 for item in chunk]),
             rows=self._ids(rows),
-            slot_index=self._ids(slot_index),
-            graph_rows=count if graphed else 0,
+            slot_index=self._ids(slots),
+            graph_rows=len(chunk) if graphed else 0,
         )
 
     def _encoder_graph(self, rows: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -209,3 +210,53 @@ def test_an_interrupted_step_leaves_no_step_after_it_marked_done(qwen_checkpoint
     monkeypatch.setattr(type(plugins.get_engine("torch")), "steps", lambda self, ctx: steps[:1])
     rebuilt = build.run(request(qwen_checkpoint, tmp_path)).deployment
     assert "reused" not in rebuilt.manifest["steps"][0]
+
+
+@pytest.fixture
+def converting(qwen_checkpoint, tmp_path, monkeypatch):
+    """qwen_llm made a model whose LLM is converted (here: copied) from its checkpoint; returns the calls made."""
+    spec = type(plugins.get_model("qwen_llm"))
+    calls = []
+
+    def convert_llm(self, checkpoint_dir: Path, dest: Path) -> None:
+        calls.append((checkpoint_dir, dest))
+        shutil.copytree(checkpoint_dir, dest, dirs_exist_ok=True)
+
+    monkeypatch.setenv("TRTDEPLOY_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(spec, "llm_conversion", "1")
+    monkeypatch.setattr(spec, "convert_llm", convert_llm)
+    return calls
+
+
+def test_a_converted_llm_is_made_once_per_checkpoint_and_conversion_version(converting, qwen_checkpoint, tmp_path):
+    deployment = build.run(request(qwen_checkpoint, tmp_path / "out")).deployment
+    converted = tmp_path / "cache" / "llm" / "qwen_llm"
+    [first] = list(converted.iterdir())
+    assert converting == [(qwen_checkpoint.resolve(), converting[0][1])]
+    assert deployment.llm_dir == first and (first / "config.json").is_file()
+    assert str(first) in (deployment.model_repo / "tensorrt_llm" / "config.pbtxt").read_text()
+    again = build.run(request(qwen_checkpoint, tmp_path / "out"), force=True)
+    assert len(converting) == 1 and again.deployment.llm_dir == first
+    type(plugins.get_model("qwen_llm")).llm_conversion = "2"  # a new conversion: a folder of its own, rebuilt
+    changed = build.run(request(qwen_checkpoint, tmp_path / "out"))
+    assert len(converting) == 2 and not changed.up_to_date and changed.deployment.llm_dir != first
+    assert sorted(converted.iterdir()) == sorted([first, changed.deployment.llm_dir])  # no scratch folder left
+
+
+def test_a_failed_conversion_leaves_no_folder_and_names_the_error(converting, qwen_checkpoint, tmp_path, monkeypatch):
+    def broken(self, checkpoint_dir: Path, dest: Path) -> None:
+        (dest / "config.json").write_text("{}")
+        raise ValueError("tensor 'speech_embedding.weight' is truncated")
+
+    monkeypatch.setattr(type(plugins.get_model("qwen_llm")), "convert_llm", broken)
+    with pytest.raises(BuildError, match="converting the LLM of .* failed: ValueError: tensor 'speech_embedding"):
+        build.run(request(qwen_checkpoint, tmp_path / "out"))
+    assert list((tmp_path / "cache" / "llm" / "qwen_llm").iterdir()) == []
+    assert not (tmp_path / "out").exists()
+
+    def refused(self, checkpoint_dir: Path, dest: Path) -> None:
+        raise UsageError("llm.pt is not a cosyvoice2 LLM")
+
+    monkeypatch.setattr(type(plugins.get_model("qwen_llm")), "convert_llm", refused)
+    with pytest.raises(UsageError, match="^llm.pt is not a cosyvoice2 LLM$"):
+        build.run(request(qwen_checkpoint, tmp_path / "out"))

@@ -23,8 +23,8 @@ from . import __version__, gpus, plugins
 from .deployment import COMPLETE, MANIFEST, SCHEMA, Deployment
 from .download import Checkpoint, download, fetch_config, local_checkpoint
 from .engines.base import BuildStep, Engine
-from .errors import BuildError, UsageError
-from .fsutil import scratch_beside
+from .errors import BuildError, TrtDeployError, UsageError
+from .fsutil import atomic_dir, cache_dir, scratch_beside
 from .memory import WEIGHT_BYTES, MemoryEstimate, ModelShape, estimate
 from .repo import TemplateSource, render_repository, template_models
 from .server._process import process_alive
@@ -200,7 +200,9 @@ def plan(request: BuildRequest, *, dry_run: bool = False) -> Plan:
     if source is not None:
         spec.validate_checkpoint(source.path)
         checkpoint_path = source.path
-    elif dry_run:  # touches nothing: the checks on the model's shape wait for config.json (the notes say so)
+    elif dry_run or spec.llm_conversion is not None:
+        # touches nothing: the checks on the model's shape wait for config.json (the notes say so), which a
+        # converted LLM gets only after the download
         checkpoint_path = _hub_cache_path(spec.default_repo, request.revision)
     else:  # config.json alone, now: those checks run before the weights are downloaded
         fetched = fetch_config(spec.default_repo, revision=request.revision, subfolder=spec.llm_subfolder)
@@ -210,7 +212,7 @@ def plan(request: BuildRequest, *, dry_run: bool = False) -> Plan:
         point=point,
         deployment_dir=deployment_dir,
         checkpoint_dir=checkpoint_path,
-        llm_dir=checkpoint_path / spec.llm_subfolder if spec.llm_subfolder else checkpoint_path,
+        llm_dir=_llm_dir(spec, checkpoint_path, source),
         engine_dir=deployment_dir / "engines",
         model_repo_dir=deployment_dir / "model_repo",
         options=options,
@@ -372,6 +374,7 @@ def content_hash(built: Plan) -> str:
     inputs = {
         "point": built.point.as_dict(),
         "checkpoint": built.source.identity(),
+        **({"llm_conversion": built.spec.llm_conversion} if built.spec.llm_conversion else {}),
         "templates": [_tree_hash(source.root / model) for source in built.templates for model in source.models],
         "versions": _versions(built),
     }
@@ -401,9 +404,11 @@ def execute(built: Plan, *, force: bool = False, on_step: Callable[[str], None] 
         on_step(f"download {built.repo_id}")
         checkpoint = download(built.repo_id, revision=built.revision)
         built.spec.validate_checkpoint(checkpoint.path)
-        context = _relocate(built.context, built.spec, checkpoint.path)
+        context = _relocate(built.context, built.spec, checkpoint)
         built.engine.validate(context)
         built = _assemble(built.spec, built.engine, context, checkpoint, built.revision)
+    if built.spec.llm_conversion is not None and not built.context.llm_dir.is_dir():
+        built = _convert_llm(built, on_step)
     digest = content_hash(built)
     final = built.deployment_dir
     if not force and _is_up_to_date(final, digest):
@@ -430,9 +435,41 @@ def execute(built: Plan, *, force: bool = False, on_step: Callable[[str], None] 
     return BuildResult(Deployment.load(final), up_to_date=False)
 
 
-def _relocate(context: BuildContext, spec: ModelSpec, checkpoint: Path) -> BuildContext:
-    llm_dir = checkpoint / spec.llm_subfolder if spec.llm_subfolder else checkpoint
-    return replace(context, checkpoint_dir=checkpoint, llm_dir=llm_dir)
+def _relocate(context: BuildContext, spec: ModelSpec, checkpoint: Checkpoint) -> BuildContext:
+    return replace(context, checkpoint_dir=checkpoint.path, llm_dir=_llm_dir(spec, checkpoint.path, checkpoint))
+
+
+def _llm_dir(spec: ModelSpec, checkpoint_path: Path, source: Checkpoint | None) -> Path:
+    """Where the Hugging Face causal LM is: inside the checkpoint, or the checkpoint's conversion in the cache
+    (one folder per checkpoint and conversion version)."""
+    if spec.llm_conversion is None:
+        return checkpoint_path / spec.llm_subfolder if spec.llm_subfolder else checkpoint_path
+    identity = source.identity() if source is not None else {"path": str(checkpoint_path)}
+    key = json.dumps({"checkpoint": identity, "conversion": spec.llm_conversion}, sort_keys=True)
+    return cache_dir() / "llm" / spec.name / hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _convert_llm(built: Plan, on_step: Callable[[str], None]) -> Plan:
+    """Convert the checkpoint's LLM into its cache folder (all at once) unless done before, then check the build
+    against the LLM's config.json, which exists only now."""
+    context = built.context
+    on_step(f"convert the LLM of {context.checkpoint_dir} into {context.llm_dir}")
+
+    def populate(dest: Path) -> None:
+        try:
+            built.spec.convert_llm(context.checkpoint_dir, dest)
+        except TrtDeployError:
+            raise
+        except Exception as exc:  # the plugin's conversion failed: one line naming it, the folder is dropped
+            raise BuildError(
+                f"converting the LLM of {context.checkpoint_dir} ({built.spec.name}) failed: "
+                f"{type(exc).__name__}: {exc}",
+                hint="is the checkpoint complete? download it again, or report the error with the model plugin",
+            ) from exc
+
+    atomic_dir(context.llm_dir, populate, error=BuildError, hint="point TRTDEPLOY_CACHE_DIR at a writable folder")
+    built.engine.validate(context)
+    return _assemble(built.spec, built.engine, context, built.source, built.revision)
 
 
 def engine_key(built: Plan) -> str | None:

@@ -11,6 +11,11 @@ from pathlib import Path
 from .errors import TrtDeployError
 
 
+def cache_dir() -> Path:
+    """``$TRTDEPLOY_CACHE_DIR``, default ``~/.cache/trtdeploy``."""
+    return Path(os.environ.get("TRTDEPLOY_CACHE_DIR") or Path.home() / ".cache" / "trtdeploy").expanduser()
+
+
 def scratch_beside(final: Path, *, prefix: str, error: type[TrtDeployError], hint: str) -> Path:
     """A new empty folder next to ``final`` (same file system, so a rename moves it into place).
 

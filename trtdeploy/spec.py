@@ -189,6 +189,10 @@ class ModelSpec(ABC):
     llm_streams: ClassVar[bool] = True
     #: Whether the LLM is an encoder-decoder (Whisper): its engines get an encoder and a cross-attention KV cache.
     encoder_decoder: ClassVar[bool] = False
+    #: Version of :meth:`convert_llm`, for a checkpoint that holds no Hugging Face causal LM as it is (None: it
+    #: holds one, at :attr:`llm_subfolder`). The core keeps each conversion per checkpoint and version: change the
+    #: version whenever the conversion's output changes.
+    llm_conversion: ClassVar[str | None] = None
 
     def parse_options(self, raw: dict[str, str]) -> dict[str, Any]:
         """Turn ``-o key=value`` strings into typed option values, rejecting unknown keys."""
@@ -211,6 +215,13 @@ class ModelSpec(ABC):
     @abstractmethod
     def validate_checkpoint(self, checkpoint_dir: Path) -> None:
         """Raise :class:`~trtdeploy.errors.UsageError` naming what is missing if the folder is not this model."""
+
+    def convert_llm(self, checkpoint_dir: Path, dest: Path) -> None:
+        """Write the checkpoint's LLM into the empty folder ``dest`` as a Hugging Face causal LM (config.json,
+        safetensors, tokenizer), for a model with :attr:`llm_conversion`. The core calls it once per checkpoint and
+        version, before the engine's steps, and moves ``dest`` into place only once it returns; raise
+        :class:`~trtdeploy.errors.UsageError` for a checkpoint it cannot convert."""
+        raise NotImplementedError(f"model {self.name!r} sets llm_conversion but has no convert_llm")
 
     @abstractmethod
     def write_random_checkpoint(self, dest: Path, *, seed: int = 0) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ServerError
-from ..fsutil import atomic_dir
+from ..fsutil import atomic_dir, cache_dir
 
 #: Where NGC Triton images install the server.
 NGC_TRITONSERVER = Path("/opt/tritonserver/bin/tritonserver")
@@ -32,11 +32,6 @@ class TritonBinary:
     env: dict[str, str] = field(default_factory=dict)
     #: Arguments the server needs in this setup (``--backend-directory`` and the like).
     args: tuple[str, ...] = ()
-
-
-def cache_dir() -> Path:
-    """``$TRTDEPLOY_CACHE_DIR``, default ``~/.cache/trtdeploy``."""
-    return Path(os.environ.get("TRTDEPLOY_CACHE_DIR") or Path.home() / ".cache" / "trtdeploy").expanduser()
 
 
 def _bundled_distribution() -> importlib.metadata.Distribution | None:

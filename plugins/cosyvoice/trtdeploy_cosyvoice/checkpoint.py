@@ -1,8 +1,9 @@
 """Random-weight CosyVoice checkpoints in the official layout, for tests and benchmarks.
 
-So far the LLM's part of the layout: ``cosyvoice{2,3}.yaml`` (its top-level sizes), ``llm.pt`` (the Qwen2 weights
-under ``llm.model.`` with the generation's speech table, head and, for CosyVoice2, sos/task_id table) and
-``CosyVoice-BlankEN/`` (a Qwen2 config, tokenizer and weights of its own, as published).
+So far: ``cosyvoice{2,3}.yaml`` (its top-level sizes), ``llm.pt`` (the Qwen2 weights under ``llm.model.`` with
+the generation's speech table, head and, for CosyVoice2, sos/task_id table), ``CosyVoice-BlankEN/`` (a Qwen2
+config, tokenizer and weights of its own, as published) and ``campplus.onnx`` (a small speaker encoder with CAM++'s
+interface: fbank frames ``[1, T, 80]`` in, statistics pooled over time, a 192-d embedding out).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from trtdeploy.checkpoints import TinyShape, write_random_causal_lm
 
 from .convert import BLANK_LLM, LLM_WEIGHTS
 from .generations import GENERATIONS, SPEECH_TOKENS, GenerationName
+from .speaker import CAMPPLUS, EMBEDDING_DIM, MEL_BINS
 
 #: Room for the tiny tokenizer (400 tokens) and CosyVoice3's 278 added specials.
 TINY_LLM = TinyShape(vocab_size=768)
@@ -40,3 +42,25 @@ def write_random_checkpoint(dest: Path, generation: GenerationName, *, seed: int
         f"sample_rate: 24000\nllm_input_size: {hidden}\nllm_output_size: {hidden}\nspk_embed_dim: 192\n"
         f"speech_token_size: {SPEECH_TOKENS}\ntoken_frame_rate: 25\ntoken_mel_ratio: 2\n"
     )
+    _write_speaker_encoder(dest / CAMPPLUS, seed)
+
+
+def _write_speaker_encoder(path: Path, seed: int) -> None:
+    """A convolution over the fbank frames, mean and standard deviation over time, a projection to 192."""
+    import torch
+
+    class SpeakerEncoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv1d(MEL_BINS, 32, kernel_size=3, padding=1)
+            self.project = torch.nn.Linear(64, EMBEDDING_DIM)
+
+        def forward(self, features: torch.Tensor) -> torch.Tensor:
+            hidden = torch.relu(self.conv(features.transpose(1, 2)))
+            return self.project(torch.cat([hidden.mean(-1), hidden.std(-1)], -1))
+
+    torch.manual_seed(seed + 2)
+    torch.onnx.export(
+        SpeakerEncoder().eval(), (torch.randn(1, 50, MEL_BINS),), str(path), input_names=["input"],
+        output_names=["output"], dynamic_axes={"input": {1: "frames"}}, dynamo=False,
+    )  # fmt: skip

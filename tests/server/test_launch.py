@@ -186,7 +186,9 @@ def test_a_picked_port_taken_before_the_server_binds_it_is_picked_again(
 
         monkeypatch.setattr(_process, "port_in_use", port_in_use)
         with launch(repo, timeout=60) as server:
-            assert server.is_ready() and server.http_port == taken + 3 and server.default_ports_taken
+            # the next block of three free ports: taken + 3 unless something else on this machine holds it
+            picked = server.http_port - taken
+            assert server.is_ready() and picked >= 3 and picked % 3 == 0 and server.default_ports_taken
     assert leftovers(mentioning=repo) == []
 
 

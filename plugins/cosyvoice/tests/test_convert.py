@@ -31,6 +31,9 @@ QWEN2_TOKENIZER = 151646
 #: Ids the official runtime's conversions and BLS models use: first speech token, sos, task_id, end token.
 OFFICIAL_IDS = {"cosyvoice2": (151663, 158227, 158228, 158224), "cosyvoice3": (151924, 158485, 158487, 158486)}
 PADDED_VOCAB = {"cosyvoice2": 158336, "cosyvoice3": 158720}
+#: Rows of the speech table that end an answer upstream: CosyVoice2's three end tokens, every row of CosyVoice3's after
+#: its speech tokens.
+UPSTREAM_STOP_ROWS = {"cosyvoice2": range(6561, 6564), "cosyvoice3": range(6561, 6761)}
 
 
 @pytest.fixture(scope="module", params=["cosyvoice2", "cosyvoice3"])
@@ -43,17 +46,18 @@ def converted(request, tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", ["cosyvoice2", "cosyvoice3"])
-def test_the_generations_give_the_official_runtimes_ids_on_the_real_tokenizer(name):
+def test_the_layout_of_qwen2s_tokenizer_holds_the_official_runtimes_ids(name):
+    """The layout computed for CosyVoice-BlankEN's real tokenizer (its size and the generation's new specials)."""
     generation = GENERATIONS[name]
     added = [token for token in generation.text_specials if token not in ("<|im_start|>", "<|im_end|>")]
-    offset = QWEN2_TOKENIZER + len(added)
+    layout = SpeechLayout.for_generation(generation, QWEN2_TOKENIZER + len(added))
+    offset = layout.speech_offset
+    assert (offset, layout.sos_id, layout.task_id, layout.stop_ids[0]) == OFFICIAL_IDS[name]
+    assert layout.padded_vocab_size == PADDED_VOCAB[name]
+    assert set(layout.stop_ids) == {offset + row for row in UPSTREAM_STOP_ROWS[name]}
     names = generation.token_names()
-    extra = 2 if generation.sos_row is None else 0  # CosyVoice2's sos and task_id after its speech rows
-    sos = offset + (generation.speech_rows if generation.sos_row is None else generation.sos_row)
-    task = offset + (generation.speech_rows + 1 if generation.task_row is None else generation.task_row)
-    assert (offset, sos, task, offset + generation.end_row) == OFFICIAL_IDS[name]
-    assert -(-(offset + len(names) + extra) // 128) * 128 == PADDED_VOCAB[name]
     assert names[:2] == ["<|s_0|>", "<|s_1|>"] and names[generation.end_row] == "<|eos1|>"
+    assert len(names) == layout.vocab_size - offset - (2 if name == "cosyvoice2" else 0)
 
 
 def test_the_tokenizer_names_every_speech_row(converted):
@@ -84,10 +88,10 @@ def _original_logits(checkpoint, text_ids, prompt_speech):
     qwen = transformers.Qwen2ForCausalLM(config).eval()
     qwen.load_state_dict({k.removeprefix("llm.model."): v for k, v in state.items() if k.startswith("llm.model.")})
     speech = state["speech_embedding.weight"]
-    if generation.sos_row is None:
+    if generation.name == "cosyvoice2":
         sos, task = state["llm_embedding.weight"]
-    else:
-        sos, task = speech[generation.sos_row], speech[generation.task_row]
+    else:  # CosyVoice3LM's sos and task_id rows
+        sos, task = speech[6561], speech[6563]
     text = qwen.model.embed_tokens(torch.tensor(text_ids))
     embeds = torch.cat([sos[None], text, task[None], speech[torch.tensor(prompt_speech, dtype=torch.long)]])
     with torch.no_grad():
@@ -161,7 +165,9 @@ def test_a_folder_that_is_not_a_cosyvoice_checkpoint_is_refused(tmp_path):
     with pytest.raises(UsageError, match="neither cosyvoice2.yaml nor cosyvoice3.yaml"):
         convert_llm(tmp_path, tmp_path / "out")
     (tmp_path / "cosyvoice2.yaml").write_text("{}\n")
-    with pytest.raises(UsageError, match="holds no llm.pt"):
+    with pytest.raises(
+        UsageError, match=r"not a whole CosyVoice checkpoint \(missing llm.pt, CosyVoice-BlankEN/config"
+    ):
         convert_llm(tmp_path, tmp_path / "out")
     (tmp_path / "cosyvoice3.yaml").write_text("{}\n")
     with pytest.raises(UsageError, match="both cosyvoice2.yaml and cosyvoice3.yaml"):
@@ -173,9 +179,62 @@ def test_an_llm_of_the_other_generation_is_refused(converted, tmp_path):
     other = {"cosyvoice2": "cosyvoice3", "cosyvoice3": "cosyvoice2"}[layout.generation]
     (tmp_path / f"{other}.yaml").write_text("{}\n")
     (tmp_path / LLM_WEIGHTS).symlink_to(checkpoint / LLM_WEIGHTS)
+    (tmp_path / BLANK_LLM).symlink_to(checkpoint / BLANK_LLM)
     with pytest.raises(UsageError, match=f"is not a {other} LLM|speech-table rows where {other} has"):
         convert_llm(tmp_path, tmp_path / "out")
     (tmp_path / LLM_WEIGHTS).unlink()
     (tmp_path / LLM_WEIGHTS).write_bytes(b"not a checkpoint")
     with pytest.raises(UsageError, match="cannot read"):
+        convert_llm(tmp_path, tmp_path / "out")
+
+
+def test_every_stop_token_ends_the_answer_on_the_torch_engine(converted):
+    """With the checkpoint's end tokens (generation_config.json), any stop row ends the answer, as upstream."""
+    _, llm, layout = converted
+    bias = np.load(llm / SPEECH_BIAS_FILE)
+    prompt = [layout.sos_id, 11, 42, layout.task_id]
+    generator = load_generator(llm, max_slots=2, max_seq_len=64)
+    try:
+        for stop in (*layout.stop_ids[:3], layout.stop_ids[-1]):
+            forced = bias.copy()
+            forced[stop] = 1e4  # the first token sampled is this stop token
+            sink = _Collect()
+            generator.submit(
+                GenerationRequest(input_ids=[prompt], max_new_tokens=4, sampling=SamplingParams(top_k=1),
+                                  embedding_bias=forced),
+                sink,
+            )  # fmt: skip
+            assert sink.done.wait(60) and sink.error is None
+            assert sink.outputs[0] == [], layout.stop_ids.index(stop)
+    finally:
+        generator.close()
+
+
+def test_the_chat_template_wraps_a_prompt_as_the_official_conversions_do(converted):
+    _, llm, _ = converted
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(llm))
+    messages = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "<|s_3|><|s_9|>"}]
+    assert tokenizer.apply_chat_template(messages, tokenize=False) == "<|sos|>hello<|task_id|><|s_3|><|s_9|>"
+
+
+def test_an_incomplete_checkpoint_or_a_used_folder_is_refused(converted, tmp_path):
+    checkpoint, _, layout = converted
+    (tmp_path / f"{layout.generation}.yaml").write_text("{}\n")
+    (tmp_path / LLM_WEIGHTS).symlink_to(checkpoint / LLM_WEIGHTS)
+    with pytest.raises(
+        UsageError, match=r"\(missing CosyVoice-BlankEN/config.json, CosyVoice-BlankEN/tokenizer_config"
+    ):
+        convert_llm(tmp_path, tmp_path / "out")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "config.json").write_text("{}")
+    with pytest.raises(UsageError, match="is not empty"):
+        convert_llm(checkpoint, tmp_path / "out")
+
+
+def test_a_cosyvoice2_llm_without_its_heads_bias_is_refused(tmp_path):
+    write_random_checkpoint(tmp_path, "cosyvoice2")
+    state = torch.load(tmp_path / LLM_WEIGHTS, weights_only=True)
+    del state["llm_decoder.bias"]
+    torch.save(state, tmp_path / LLM_WEIGHTS)
+    with pytest.raises(UsageError, match=r"is not a cosyvoice2 LLM \(missing llm_decoder.bias\)"):
         convert_llm(tmp_path, tmp_path / "out")

@@ -33,6 +33,12 @@ LLM_WEIGHTS = "llm.pt"
 SPEECH_BIAS_FILE = "speech_logit_bias.npy"
 LAYOUT_FILE = "cosyvoice_llm.json"
 PAD_ROWS_TO = 128
+#: The official conversions' chat template: a user turn is a prompt's text between sos and task_id, an assistant
+#: turn its speech tokens as they are (``<|s_12|><|s_7|>...``).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'user' %}<|sos|>{{ message['content'] }}<|task_id|>"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] }}{% endif %}{% endfor %}"
+)
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,22 @@ class SpeechLayout:
     stop_ids: tuple[int, ...]
     vocab_size: int
     padded_vocab_size: int
+
+    @classmethod
+    def for_generation(cls, generation: Generation, speech_offset: int) -> SpeechLayout:
+        """The layout of ``generation``'s speech tokens appended to a text tokenizer of ``speech_offset`` tokens."""
+        rows = generation.speech_rows
+        vocab_size = speech_offset + rows + (2 if generation.sos_row is None else 0)
+        return cls(
+            generation=generation.name,
+            speech_offset=speech_offset,
+            speech_rows=rows,
+            sos_id=speech_offset + (rows if generation.sos_row is None else generation.sos_row),
+            task_id=speech_offset + (rows + 1 if generation.task_row is None else generation.task_row),
+            stop_ids=tuple(speech_offset + row for row in generation.stop_rows),
+            vocab_size=vocab_size,
+            padded_vocab_size=-(-vocab_size // PAD_ROWS_TO) * PAD_ROWS_TO,
+        )
 
     @classmethod
     def load(cls, llm_dir: Path) -> SpeechLayout:
@@ -83,8 +105,18 @@ def convert_llm(checkpoint_dir: Path, dest: Path) -> SpeechLayout:
     from transformers import AutoTokenizer
 
     generation = checkpoint_generation(checkpoint_dir)
+    blank = checkpoint_dir / BLANK_LLM
+    needed = (LLM_WEIGHTS, f"{BLANK_LLM}/config.json", f"{BLANK_LLM}/tokenizer_config.json")
+    missing = [name for name in needed if not (checkpoint_dir / name).is_file()]
+    if missing:
+        raise UsageError(
+            f"{checkpoint_dir} is not a whole CosyVoice checkpoint (missing {', '.join(missing)})",
+            hint="download the whole official checkpoint",
+        )
+    if dest.exists() and any(dest.iterdir()):
+        raise UsageError(f"{dest} is not empty: the converted LLM is written into an empty folder")
     state = _llm_state(checkpoint_dir / LLM_WEIGHTS, generation)
-    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint_dir / BLANK_LLM), local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(blank), local_files_only=True)
     tokenizer.add_special_tokens(
         {
             "eos_token": "<|endoftext|>",
@@ -92,20 +124,22 @@ def convert_llm(checkpoint_dir: Path, dest: Path) -> SpeechLayout:
             "additional_special_tokens": [*generation.text_specials],
         }
     )
-    offset = len(tokenizer)
+    layout = SpeechLayout.for_generation(generation, len(tokenizer))
+    offset, rows, padded = layout.speech_offset, layout.speech_rows, layout.padded_vocab_size
     names = generation.token_names() + ([SOS, TASK_ID] if generation.sos_row is None else [])
-    if tokenizer.add_tokens(names) != len(names):
-        raise UsageError(f"{checkpoint_dir / BLANK_LLM}'s tokenizer already holds speech tokens (<|s_0|> ...)")
-    vocab_size = len(tokenizer)
-    padded = -(-vocab_size // PAD_ROWS_TO) * PAD_ROWS_TO
-    rows = generation.speech_rows
+    if tokenizer.add_tokens(names) != len(names) or len(tokenizer) != layout.vocab_size:
+        raise UsageError(
+            f"{blank}'s tokenizer already holds speech tokens (<|s_0|> ...)", hint="is CosyVoice-BlankEN the original?"
+        )
+    tokenizer.chat_template = CHAT_TEMPLATE
 
     weights = {key.removeprefix("llm.model."): value for key, value in state.items() if key.startswith("llm.model.")}
     text_embedding = weights["model.embed_tokens.weight"]
     if text_embedding.shape[0] < offset:
         raise UsageError(
             f"{LLM_WEIGHTS}'s text embedding has {text_embedding.shape[0]} rows, fewer than the {offset} tokens of "
-            f"{generation.name}'s tokenizer: is {BLANK_LLM} this checkpoint's?"
+            f"{generation.name}'s tokenizer",
+            hint=f"is {BLANK_LLM} this checkpoint's?",
         )
     hidden, dtype = text_embedding.shape[1], text_embedding.dtype
     embedding = torch.zeros(padded, hidden, dtype=dtype)
@@ -121,22 +155,10 @@ def convert_llm(checkpoint_dir: Path, dest: Path) -> SpeechLayout:
     weights["model.embed_tokens.weight"] = embedding
     weights["lm_head.weight"] = head
 
-    sos_id = offset + (rows if generation.sos_row is None else generation.sos_row)
-    task_id = offset + (rows + 1 if generation.task_row is None else generation.task_row)
-    layout = SpeechLayout(
-        generation=generation.name,
-        speech_offset=offset,
-        speech_rows=rows,
-        sos_id=sos_id,
-        task_id=task_id,
-        stop_ids=tuple(offset + row for row in generation.stop_rows),
-        vocab_size=vocab_size,
-        padded_vocab_size=padded,
-    )
     dest.mkdir(parents=True, exist_ok=True)
     save_file({key: value.contiguous() for key, value in weights.items()}, str(dest / "model.safetensors"),
               metadata={"format": "pt"})  # fmt: skip
-    config = json.loads((checkpoint_dir / BLANK_LLM / "config.json").read_text())
+    config = json.loads((blank / "config.json").read_text())
     config.update(
         architectures=["Qwen2ForCausalLM"],
         vocab_size=padded,
@@ -160,18 +182,19 @@ def _llm_state(path: Path, generation: Generation) -> dict:
     """llm.pt's tensors, refused with the missing keys named when it is not this generation's LLM."""
     import torch
 
-    if not path.is_file():
-        raise UsageError(f"{path.parent} holds no {LLM_WEIGHTS}", hint="download the whole official checkpoint")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # a truncated or foreign file: pickle, zip and torch errors alike
         raise UsageError(f"cannot read {path} ({exc})", hint="download it again") from None
     needed = ["speech_embedding.weight", "llm_decoder.weight", "llm.model.model.embed_tokens.weight"]
-    if generation.sos_row is None:
-        needed.append("llm_embedding.weight")
+    if generation.sos_row is None:  # CosyVoice2: sos/task_id table, head bias
+        needed += ["llm_embedding.weight", "llm_decoder.bias"]
     missing = [key for key in needed if key not in state]
     if missing:
-        raise UsageError(f"{path} is not a {generation.name} LLM (missing {', '.join(missing)})")
+        raise UsageError(
+            f"{path} is not a {generation.name} LLM (missing {', '.join(missing)})",
+            hint="does the checkpoint's yaml name the right generation? download the checkpoint again",
+        )
     rows = state["speech_embedding.weight"].shape[0]
     if rows != generation.speech_rows or state["llm_decoder.weight"].shape[0] != rows:
         raise UsageError(

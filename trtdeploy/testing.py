@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,7 @@ import pytest
 
 if TYPE_CHECKING:
     from .deployment import Deployment
+    from .engines.contract import SequenceOutput
     from .server import RunningServer
 
 
@@ -112,3 +114,47 @@ def trtdeploy_triton_interpreter() -> Callable[..., None]:
             pytest.fail(f"under Triton's interpreter: {summary}\n{done.stdout[-4000:]}{done.stderr[-2000:]}")
 
     return run
+
+
+class RecordingSink:
+    """A generator's ``ResponseSink`` (:mod:`trtdeploy.engines.contract`) that keeps every call, and lets a test
+    wait for the end of the request: for tests that drive an engine's generator directly."""
+
+    def __init__(self, cancel_after: int | None = None):
+        self.streamed: list[SequenceOutput] = []
+        self.outputs: list[SequenceOutput] | None = None
+        self.error: str | None = None
+        self.cancelled_error = False
+        self.finals = 0
+        self.cancel_after = cancel_after
+        self.done = threading.Event()
+
+    def send_tokens(self, tokens: SequenceOutput) -> None:
+        assert not self.done.is_set(), "tokens after the end of the request"
+        self.streamed.append(tokens)
+
+    def send_final(self, outputs: list[SequenceOutput] | None) -> None:
+        assert not self.done.is_set(), "two final responses"
+        self.outputs = outputs
+        self.finals += 1
+        self.done.set()
+
+    def send_error(self, message: str, cancelled: bool = False) -> None:
+        assert not self.done.is_set(), "an error after the end of the request"
+        self.error = message
+        self.cancelled_error = cancelled
+        self.done.set()
+
+    def is_cancelled(self) -> bool:
+        return self.cancel_after is not None and len(self.streamed) >= self.cancel_after
+
+    def wait(self, timeout: float = 60.0) -> RecordingSink:
+        assert self.done.wait(timeout), "the request did not finish"
+        return self
+
+    @property
+    def tokens(self) -> list[int]:
+        """Everything this request produced (streamed tokens, or the first sequence's output)."""
+        if self.outputs is not None:
+            return self.outputs[0]
+        return [token for chunk in self.streamed for token in chunk]

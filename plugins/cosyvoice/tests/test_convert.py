@@ -4,7 +4,6 @@ and the torch engine generating what the original layout generates."""
 from __future__ import annotations
 
 import json
-import threading
 
 import numpy as np
 import pytest
@@ -24,6 +23,7 @@ from trtdeploy_cosyvoice.generations import GENERATIONS, SPEECH_TOKENS
 from trtdeploy import UsageError
 from trtdeploy.engines.contract import GenerationRequest, SamplingParams
 from trtdeploy.engines.torch.runtime import load_generator
+from trtdeploy.testing import RecordingSink
 
 #: Tokens of the Qwen2 tokenizer CosyVoice-BlankEN ships (151,643 byte-level BPE tokens, then <|endoftext|>,
 #: <|im_start|> and <|im_end|>).
@@ -117,25 +117,6 @@ def test_the_converted_llm_gives_the_original_models_logits(converted):
     assert torch.isneginf(logits[:, outside]).all()
 
 
-class _Collect:
-    def __init__(self):
-        self.outputs, self.error, self.done = None, None, threading.Event()
-
-    def send_tokens(self, tokens):
-        raise AssertionError("offline request streamed")
-
-    def send_final(self, outputs):
-        self.outputs = outputs
-        self.done.set()
-
-    def send_error(self, message, cancelled=False):
-        self.error = message
-        self.done.set()
-
-    def is_cancelled(self):
-        return False
-
-
 def test_the_torch_engine_generates_the_original_models_greedy_tokens(converted):
     checkpoint, llm, layout = converted
     text_ids, prompt_speech = [11, 42, 7], [100, 200]
@@ -145,7 +126,7 @@ def test_the_torch_engine_generates_the_original_models_greedy_tokens(converted)
         expected.append(int(logits[-1].argmax()))
     generator = load_generator(llm, max_slots=2, max_seq_len=64)
     try:
-        sink = _Collect()
+        sink = RecordingSink()
         prompt = [layout.sos_id, *text_ids, layout.task_id, *(layout.speech_offset + token for token in prompt_speech)]
         generator.submit(
             GenerationRequest(
@@ -154,7 +135,7 @@ def test_the_torch_engine_generates_the_original_models_greedy_tokens(converted)
             ),
             sink,
         )  # fmt: skip
-        assert sink.done.wait(60) and sink.error is None
+        assert sink.wait().error is None
     finally:
         generator.close()
     assert all(token < SPEECH_TOKENS for token in expected)  # speech all the way (the seeded weights' answer)
@@ -198,13 +179,13 @@ def test_every_stop_token_ends_the_answer_on_the_torch_engine(converted):
         for stop in (*layout.stop_ids[:3], layout.stop_ids[-1]):
             forced = bias.copy()
             forced[stop] = 1e4  # the first token sampled is this stop token
-            sink = _Collect()
+            sink = RecordingSink()
             generator.submit(
                 GenerationRequest(input_ids=[prompt], max_new_tokens=4, sampling=SamplingParams(top_k=1),
                                   embedding_bias=forced),
                 sink,
             )  # fmt: skip
-            assert sink.done.wait(60) and sink.error is None
+            assert sink.wait().error is None
             assert sink.outputs[0] == [], layout.stop_ids.index(stop)
     finally:
         generator.close()

@@ -39,7 +39,7 @@ def write_random_checkpoint(dest: Path, generation: GenerationName, *, seed: int
         state["llm_embedding.weight"] = torch.randn(2, hidden) * 0.5
     torch.save(state, dest / LLM_WEIGHTS)
     (dest / f"{generation}.yaml").write_text(
-        f"sample_rate: 24000\nllm_input_size: {hidden}\nllm_output_size: {hidden}\nspk_embed_dim: 192\n"
+        f"sample_rate: 24000\nllm_input_size: {hidden}\nllm_output_size: {hidden}\nspk_embed_dim: {EMBEDDING_DIM}\n"
         f"speech_token_size: {SPEECH_TOKENS}\ntoken_frame_rate: 25\ntoken_mel_ratio: 2\n"
     )
     _write_speaker_encoder(dest / CAMPPLUS, seed)

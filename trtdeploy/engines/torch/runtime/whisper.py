@@ -62,13 +62,13 @@ class _EncoderLayer:
 @dataclass
 class _EncoderBatch:
     """Inputs of one encoder pass, on the device: ``mels [n, T, n_mels]``, each input's encoder frames, the input
-    row of each slot to fill, the slots, and the rows of the CUDA graph that runs the batch (0: run eagerly)."""
+    row of each slot to fill, the slots, and whether the CUDA graph of its size runs it (else: eagerly)."""
 
     mels: torch.Tensor
     lengths: torch.Tensor
     rows: torch.Tensor
     slot_index: torch.Tensor
-    graph_rows: int
+    graphed: bool
 
 
 @dataclass
@@ -266,9 +266,9 @@ class WhisperModel(SlotModel):
             rows = [owners[i] - start for i in members]
             staged.append(self._stage(chunk, rows, [slots[i] for i in members]))
         for batch in staged:
-            if batch.graph_rows:
+            if batch.graphed:
                 try:
-                    graph, mels, slot_index = self._encoder_graph(batch.graph_rows)
+                    graph, mels, slot_index = self._encoder_graph(len(batch.mels))
                 except RuntimeError:
                     self._give_up_graphs()
                 else:
@@ -297,7 +297,7 @@ class WhisperModel(SlotModel):
             lengths=self._ids([len(item) // 2 for item in chunk]),
             rows=self._ids(rows),
             slot_index=self._ids(slots),
-            graph_rows=len(chunk) if graphed else 0,
+            graphed=graphed,
         )
 
     def _encoder_graph(self, rows: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:

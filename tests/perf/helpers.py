@@ -25,6 +25,7 @@ def record(
     text: str | None = None,
     reference: str | None = None,
     audio: Sequence[float] = (),
+    characters: int | None = None,
     level: int = 0,
 ) -> Record:
     """A decoded record: sent at ``send`` ms, ended at ``end`` ms, with (arrival ms, tokens) chunks."""
@@ -41,7 +42,7 @@ def record(
         text=text,
         audio_seconds=sum(audio) if audio else None,
     )
-    request = Request(inputs={}, reference=reference, input_tokens=input_tokens)
+    request = Request(inputs={}, reference=reference, input_tokens=input_tokens, input_characters=characters)
     rec.set_result(level, 0, request, result, parsed)
     return rec
 

@@ -152,7 +152,7 @@ def test_underruns_count_chunks_arriving_after_the_audio_ran_out():
 
 
 def test_tts_level_rtf_and_chunk_latencies():
-    records = [record(0, 500, [(100, 0), (300, 0)], seq=0, audio=[0.5, 0.5])]
+    records = [record(0, 500, [(100, 0), (300, 0)], seq=0, audio=[0.5, 0.5], characters=40)]
     summary = summarize_level(records, level(1, 1), stream=True, family="tts", slo={"rtf": 1.0})
     assert summary["first_chunk_ms"]["p50"] == pytest.approx(100)
     assert summary["second_chunk_ms"]["p50"] == pytest.approx(200)
@@ -161,6 +161,7 @@ def test_tts_level_rtf_and_chunk_latencies():
     assert summary["audio_seconds"] == pytest.approx(1.0)
     assert summary["underrun_requests"] == 0
     assert summary["goodput"] == pytest.approx(1 / 0.5)
+    assert summary["characters_per_second"] == pytest.approx(40 / 0.5)  # the text spoken per second of the window
 
 
 def test_slo_keys_depend_on_family_and_mode():

@@ -113,6 +113,7 @@ def test_requests_resample_to_16k_and_send_the_declared_options() -> None:
     assert request.inputs["top_p"].tolist() == [[1.0]]
     assert request.inputs["target_text"].tolist() == [[b"target"]]
     assert request.label == "r1" and request.outputs == ("waveform",)
+    assert request.input_characters == len("target")  # the text spoken: characters per second in the summary
 
 
 def test_chunks_are_audio_and_a_request_without_audio_fails() -> None:

@@ -51,6 +51,7 @@ DEFINITIONS = {
     "rtf": "E2E / audio seconds of one request (TTS: the audio produced; ASR: the audio sent; lower is better)",
     "rtf_aggregate": "TTS and ASR: window / total audio seconds of the successful requests",
     "audio_seconds_per_second": "ASR: total audio seconds of the successful requests / window",
+    "characters_per_second": "TTS: characters of the texts the successful requests spoke / window",
     "input_rows_reused": "measured requests sent with an input row that an earlier request of the run (warmup "
     "included) was sent with: 0 unless the input has fewer rows than the run sends, or --reuse-rows asks for it",
     "planned_requests": "measured requests the level was to send (fewer were sent when it ended early)",
@@ -182,6 +183,7 @@ def request_metrics(rec: Record, *, stream: bool, family: str) -> dict[str, Any]
         out["rtf"] = e2e_ms / 1e3 / audio if audio else None
         out["audio_seconds"] = audio
         out["underruns"] = underruns(rec.chunk_ns, rec.chunk_audio) if stream else None
+        out["input_characters"] = rec.input_characters
     elif family == "asr":
         audio = rec.audio_seconds
         out["first_partial_ms"] = first_ms
@@ -292,6 +294,8 @@ class LevelStats:
         self.last_end: int | None = None
         self.busy_ns = 0
         self.audio_seconds = 0.0
+        #: Characters of the texts spoken (TTS); None once a successful request has no count.
+        self.characters: int | None = 0
         self.series = {name: array("d") for name in _SERIES[family if family in _SERIES else "llm"]}
         self.icl = array("d")
         self.lags = array("d")
@@ -337,6 +341,7 @@ class LevelStats:
             self.audio_seconds += metrics["audio_seconds"] or 0.0
             if self.family == "tts":
                 self.underrun_requests += bool(metrics["underruns"])
+                self.characters = _add(self.characters, metrics["input_characters"])
             else:
                 self.transcripts.add(rec.accuracy)
         for name, series in self.series.items():
@@ -385,6 +390,7 @@ class LevelStats:
             summary.update(
                 audio_seconds=self.audio_seconds,
                 rtf_aggregate=window_s / self.audio_seconds if self.audio_seconds > 0 else None,
+                characters_per_second=_per_second(self.characters if self.ok else None, window_s),
                 first_chunk_ms=series["first_chunk_ms"],
                 second_chunk_ms=series["second_chunk_ms"],
                 e2e_ms=series["e2e_ms"],

@@ -32,6 +32,7 @@ class Record:
         "chunk_tokens",
         "chunk_audio",
         "input_tokens",
+        "input_characters",
         "output_tokens",
         "first_chunk_tokens",
         "token_source",
@@ -75,6 +76,7 @@ class Record:
         self.level = level
         self.worker = worker
         self.input_tokens = request.input_tokens
+        self.input_characters = request.input_characters
         self.reference = request.reference
         self.chunk_tokens = [chunk.tokens for chunk in chunks]
         self.chunk_audio = [chunk.audio_seconds for chunk in chunks]

@@ -126,6 +126,8 @@ def results_table(summary: dict[str, Any]) -> Table:
     columns = ["rate" if open_loop else "concurrency", "requests", "errors", "req/s", "RTF" if audio else "out tok/s"]
     if family == "asr":
         columns.append("audio s/s")
+    if family == "tts":
+        columns.append("chars/s")
     columns += [f"{_NAMES[metric]} p50/p99" for metric in metrics]
     if summary["stream"]:
         columns.append("ICL p99/max")  # a stalled stream shows here even when ITL averages it away
@@ -146,6 +148,8 @@ def results_table(summary: dict[str, Any]) -> Table:
         row.append(_num(level["rtf_aggregate"] if audio else level["output_token_throughput"]))
         if family == "asr":
             row.append(_num(level["audio_seconds_per_second"]))
+        if family == "tts":
+            row.append(_num(level.get("characters_per_second")))
         row += [f"{_num(_stat(level, m, 'p50'))}/{_num(_stat(level, m, 'p99'))}" for m in metrics]
         if summary["stream"]:
             row.append(f"{_num(_stat(level, 'icl_ms', 'p99'))}/{_num(_stat(level, 'icl_ms', 'max'))}")

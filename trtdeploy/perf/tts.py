@@ -288,7 +288,11 @@ class TTSWorkload(Workload):
             tensors["max_tokens"] = model.scalar("max_tokens", max_tokens)
         tensors.update(model.sampling_tensors(options))
         return Request(
-            inputs=tensors, outputs=("waveform",), reference=row.reference, label=row.fields.get("id") or None
+            inputs=tensors,
+            outputs=("waveform",),
+            reference=row.reference,
+            input_characters=len(str(row.input)),
+            label=row.fields.get("id") or None,
         )
 
     def parse_chunk(self, outputs: Mapping[str, np.ndarray], request: Request) -> Chunk:

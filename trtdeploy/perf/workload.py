@@ -160,6 +160,8 @@ class Request:
     reference: Any = None
     #: Input length in tokens, when the workload knows it.
     input_tokens: int | None = None
+    #: Characters of the input text (TTS: the text to speak), when the workload knows it.
+    input_characters: int | None = None
     #: Anything :meth:`Workload.parse_chunk`/:meth:`Workload.finish` need later (e.g. the prompt's token ids).
     context: Any = None
     #: A short name for the files of this request's output (e.g. the dataset's ``id``).

@@ -62,6 +62,35 @@ def decode_text(request: Any, name: str) -> str:
     return text
 
 
+def reference_wav(request: Any, max_samples: int, sample_rate: int) -> Any:
+    """A request's ``reference_wav`` (mono at ``sample_rate``) cut to ``reference_wav_len``, as float32; ValueError
+    naming what is wrong (missing, empty, a length that does not fit, longer than ``max_samples``, NaN)."""
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    tensor = pb_utils.get_input_tensor_by_name(request, "reference_wav")
+    if tensor is None:
+        raise ValueError("input 'reference_wav' is missing")
+    wav = tensor.as_numpy().reshape(-1)
+    length = int(optional_scalar(request, "reference_wav_len", wav.size))
+    if wav.size == 0 or length == 0:
+        raise ValueError(
+            f"the reference audio is empty (0 samples): send the voice to clone, a few seconds of speech at "
+            f"{sample_rate // 1000} kHz"
+        )
+    if not 0 < length <= wav.size:
+        raise ValueError(f"reference_wav_len {length} does not fit reference_wav of {wav.size} samples")
+    if length > max_samples:
+        raise ValueError(
+            f"reference audio is {length / sample_rate:.1f} s, longer than the {max_samples / sample_rate:g} s "
+            "this deployment takes: use a shorter reference"
+        )
+    wav = np.array(wav[:length], dtype=np.float32)
+    if not np.isfinite(wav).all():
+        raise ValueError("reference_wav holds NaN or infinite samples")
+    return wav
+
+
 def first_sequence(output_ids: Any, sequence_length: Any = None) -> Any:
     """The first sequence of an ``output_ids`` array (``[batch, beam, tokens]`` or flatter), cut to its
     ``sequence_length`` when that is given; an empty array (nothing generated) is an empty sequence."""

@@ -10,10 +10,9 @@ from __future__ import annotations
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trtdeploy.backend_utils import ModelParameters
+from trtdeploy.backend_utils import ModelParameters, reference_wav
 
 from ..prompt import SAMPLE_RATE
-from .reference import reference_wav
 
 
 class TritonPythonModel:
@@ -35,7 +34,7 @@ class TritonPythonModel:
         wavs, slots = [], []
         for index, request in enumerate(requests):
             try:
-                wavs.append(reference_wav(request, self.max_samples))
+                wavs.append(reference_wav(request, self.max_samples, SAMPLE_RATE))
                 slots.append(index)
             except ValueError as exc:
                 responses[index] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))

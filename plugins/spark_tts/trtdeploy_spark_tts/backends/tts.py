@@ -29,11 +29,17 @@ from dataclasses import dataclass
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trtdeploy.backend_utils import ModelParameters, decode_text, first_sequence, optional_scalar, segment_seed
+from trtdeploy.backend_utils import (
+    ModelParameters,
+    decode_text,
+    first_sequence,
+    optional_scalar,
+    reference_wav,
+    segment_seed,
+)
 
 from ..prompt import SAMPLE_RATE, SAMPLES_PER_TOKEN, TOKENS_PER_SECOND, PromptCodec, semantic_tokens_for
 from ..streaming import STREAM_FORMATS, AudioStream, ChunkSchedule, OverlappedChunks, StreamFormat
-from .reference import reference_wav
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -140,7 +146,7 @@ class TritonPythonModel:
         if sample_rate != SAMPLE_RATE:
             raise RequestError(f"reference_wav must be {SAMPLE_RATE} Hz mono, got {sample_rate} Hz: resample it first")
         try:
-            wav = reference_wav(request, self.max_reference_samples)
+            wav = reference_wav(request, self.max_reference_samples, SAMPLE_RATE)
         except ValueError as exc:
             raise RequestError(str(exc)) from None
         max_tokens = int(optional_scalar(request, "max_tokens", self.defaults["max_tokens"]))

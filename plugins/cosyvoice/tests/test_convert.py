@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from trtdeploy_cosyvoice.checkpoint import write_random_checkpoint
+from trtdeploy_cosyvoice.checkpoint import write_random_llm
 from trtdeploy_cosyvoice.convert import (
     BLANK_LLM,
     LLM_WEIGHTS,
@@ -37,10 +37,9 @@ UPSTREAM_STOP_ROWS = {"cosyvoice2": range(6561, 6564), "cosyvoice3": range(6561,
 
 
 @pytest.fixture(scope="module", params=["cosyvoice2", "cosyvoice3"])
-def converted(request, tmp_path_factory):
+def converted(request, tmp_path_factory, cosyvoice_checkpoint):
     root = tmp_path_factory.mktemp(request.param)
-    checkpoint = root / "checkpoint"
-    write_random_checkpoint(checkpoint, request.param)
+    checkpoint = cosyvoice_checkpoint(request.param)
     layout = convert_llm(checkpoint, root / "llm")
     return checkpoint, root / "llm", layout
 
@@ -213,7 +212,7 @@ def test_an_incomplete_checkpoint_or_a_used_folder_is_refused(converted, tmp_pat
 
 
 def test_a_cosyvoice2_llm_without_its_heads_bias_is_refused(tmp_path):
-    write_random_checkpoint(tmp_path, "cosyvoice2")
+    write_random_llm(tmp_path, "cosyvoice2")
     state = torch.load(tmp_path / LLM_WEIGHTS, weights_only=True)
     del state["llm_decoder.bias"]
     torch.save(state, tmp_path / LLM_WEIGHTS)

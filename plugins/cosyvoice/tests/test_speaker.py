@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from trtdeploy_cosyvoice.checkpoint import write_random_checkpoint
 from trtdeploy_cosyvoice.speaker import CAMPPLUS, EMBEDDING_DIM, SpeakerEncoder, speaker_features
 
 
@@ -60,9 +59,8 @@ def test_a_reference_without_a_whole_frame_is_refused():
         speaker_features(np.zeros((2, 16000), dtype=np.float32))
 
 
-def test_embeddings_of_a_batch_equal_each_reference_alone(tmp_path):
-    write_random_checkpoint(tmp_path, "cosyvoice2")
-    encoder = SpeakerEncoder(tmp_path / CAMPPLUS)
+def test_embeddings_of_a_batch_equal_each_reference_alone(cosyvoice_checkpoint):
+    encoder = SpeakerEncoder(cosyvoice_checkpoint("cosyvoice2") / CAMPPLUS)
     references = [_reference_audio(seconds, seed) for seconds, seed in [(1.0, 1), (2.5, 2), (0.03, 3)]]
     together = encoder.embed(references)
     assert together.shape == (3, EMBEDDING_DIM) and together.dtype == np.float32

@@ -1,7 +1,223 @@
-"""trtdeploy plugin for CosyVoice2-0.5B and Fun-CosyVoice3-0.5B: zero-shot speech synthesis on Triton.
+"""trtdeploy plugin for CosyVoice2-0.5B and Fun-CosyVoice3-0.5B: zero-shot speech synthesis (24 kHz) on Triton.
 
-Under construction: the LLM's conversion (:mod:`.convert`), the speaker embedding (:mod:`.speaker`) and the text
-normalisation (:mod:`.text`) are here; the Triton models and the model's registration come next (see the README).
+Two models, named as the official runtime names their entry models: ``cosyvoice2`` and ``cosyvoice3``. A
+deployment holds ``audio_tokenizer`` (reference → speech tokens, s3tokenizer), ``speaker_embedding`` (reference →
+CAM++ embedding), ``tensorrt_llm`` (the checkpoint's LLM converted to a Qwen2 causal LM, served by whichever engine
+the build chose), ``token2wav`` (flow matching, then for CosyVoice2 the HiFT vocoder; CosyVoice3 runs its vocoder
+as ``vocoder``) and the BLS entry. A streaming deployment adds ``<entry>_offline``, the same model answering in one
+piece.
 """
 
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trtdeploy
+from trtdeploy import BuildContext, Deployment, Mode, ModelSpec, UsageError
+
+from .convert import BLANK_LLM, LLM_WEIGHTS, checkpoint_generation, convert_llm
+from .generations import GENERATIONS, GenerationName
+from .prompt_mel import SAMPLE_RATE
+from .speaker import CAMPPLUS
+from .speech_tokens import SPEECH_TOKENIZER_FILES
+
+if TYPE_CHECKING:
+    from trtdeploy.perf.tts import TTSWorkload
+
 __version__ = "0.1.0"
+
+#: Speech tokens per second of audio.
+TOKENS_PER_SECOND = 25
+FLOW_WEIGHTS, VOCODER_WEIGHTS = "flow.pt", "hift.pt"
+
+
+@dataclass(frozen=True)
+class CosyVoiceOptions:
+    """Settings of a cosyvoice deployment (``trtdeploy build cosyvoice2 -o KEY=VALUE``); requests may override the
+    sampling settings and the token cap."""
+
+    temperature: float = 0.8
+    top_k: int = 50
+    top_p: float = 0.95
+    repetition_penalty: float = 1.1
+    #: Most speech tokens generated per request (25 per second of audio); 0: the build's --max-output-len.
+    max_new_tokens: int = 0
+    #: Speech tokens per text token of the target text, at least and at most (the reference code's ratios): the
+    #: LLM may not end before the first, and is stopped at the second.
+    min_token_text_ratio: float = 2.0
+    max_token_text_ratio: float = 20.0
+    #: Longest reference audio accepted (the speech tokenizer's and the official speaker encoder's limit).
+    max_reference_seconds: float = 30.0
+    #: Normalise numbers, dates and units of the texts before the LLM reads them (wetext).
+    text_normalization: bool = True
+    #: Streaming: speech tokens of the first chunk, then each chunk chunk_growth times the one before, at most
+    #: max_chunk_tokens (the official BLS: 15, then 25, 50, 100).
+    first_chunk_tokens: int = 15
+    chunk_growth: float = 2.0
+    max_chunk_tokens: int = 100
+    #: Instances of the BLS entry (each serves one request at a time); 0: --max-batch-size.
+    bls_instances: int = 0
+    tokenizer_instances: int = 1
+    speaker_instances: int = 1
+
+    def __post_init__(self) -> None:
+        checks = {
+            "temperature": self.temperature >= 0,
+            "top_k": self.top_k >= 0,
+            "top_p": 0 <= self.top_p <= 1,
+            "repetition_penalty": self.repetition_penalty > 0,
+            "max_new_tokens": self.max_new_tokens >= 0,
+            "min_token_text_ratio": self.min_token_text_ratio >= 0,
+            "max_token_text_ratio": self.max_token_text_ratio >= self.min_token_text_ratio,
+            "max_reference_seconds": 0 < self.max_reference_seconds <= 30,
+            "first_chunk_tokens": self.first_chunk_tokens >= 1,
+            "chunk_growth": self.chunk_growth >= 1,
+            "max_chunk_tokens": self.max_chunk_tokens >= self.first_chunk_tokens,
+            "bls_instances": self.bls_instances >= 0,
+            "tokenizer_instances": self.tokenizer_instances >= 1,
+            "speaker_instances": self.speaker_instances >= 1,
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError(f"-o {bad[0]}={getattr(self, bad[0])} is out of range (see the plugin's README)")
+
+
+class CosyVoice(ModelSpec):
+    """One generation of CosyVoice (the two differ in checkpoint, LLM layout, flow estimator and vocoder)."""
+
+    templates_dir = Path(__file__).parent / "templates"
+    #: 30 s of reference audio is 750 speech tokens; the texts and the system prompt take the rest.
+    default_max_input_len = 2048
+    #: 80 s of speech (the official BLS asks for 750 tokens: 30 s).
+    default_max_output_len = 2000
+    Options = CosyVoiceOptions
+    llm_conversion = "cosyvoice-llm-1"
+    #: The BLS asks the LLM for one chunk's tokens at a time (non-decoupled calls) instead of reading a token stream:
+    #: python-backend BLS models reading a decoupled model's stream crash under concurrent load, and the official
+    #: runtime's decoupled LLM hangs its streaming (see the README).
+    llm_streams = False
+
+    def __init__(self, generation: GenerationName, repo: str, description: str):
+        self.generation = GENERATIONS[generation]
+        self.name = generation
+        self.default_repo = repo
+        self.description = description
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """The files of the official checkpoint layout this plugin reads."""
+        return (
+            f"{self.name}.yaml",
+            LLM_WEIGHTS,
+            f"{BLANK_LLM}/config.json",
+            FLOW_WEIGHTS,
+            VOCODER_WEIGHTS,
+            CAMPPLUS,
+            SPEECH_TOKENIZER_FILES[self.name],
+        )
+
+    def validate_checkpoint(self, checkpoint_dir: Path) -> None:
+        found = checkpoint_generation(checkpoint_dir)
+        if found.name != self.name:
+            raise UsageError(
+                f"{checkpoint_dir} is a {found.name} checkpoint, not {self.name}",
+                hint=f"build it as {found.name}: trtdeploy build {found.name} --model-dir {checkpoint_dir}",
+            )
+        missing = [name for name in self.files if not (checkpoint_dir / name).is_file()]
+        if missing:
+            raise UsageError(
+                f"{checkpoint_dir} is not a whole {self.name} checkpoint (missing {', '.join(missing)})",
+                hint=f"pass the folder downloaded from {self.default_repo}",
+            )
+
+    def convert_llm(self, checkpoint_dir: Path, dest: Path) -> None:
+        convert_llm(checkpoint_dir, dest)
+
+    def write_random_checkpoint(self, dest: Path, *, seed: int = 0) -> None:
+        from .checkpoint import write_random_checkpoint
+
+        write_random_checkpoint(dest, self.name, seed=seed)
+
+    def entry_model(self, mode: Mode) -> str:
+        return self.name
+
+    def triton_models(self, mode: Mode) -> tuple[str, ...]:
+        models = ["audio_tokenizer", "speaker_embedding", "token2wav", self.name]
+        if self.name == "cosyvoice3":
+            models.append("vocoder")
+        if mode == "streaming":
+            models.append(f"{self.name}_offline")
+        return tuple(models)
+
+    def template_context(self, ctx: BuildContext) -> dict[str, Any]:
+        options = dict(ctx.options)
+        point = ctx.point
+        reference_tokens = options["max_reference_seconds"] * TOKENS_PER_SECOND
+        if reference_tokens >= point.max_input_len:
+            raise UsageError(
+                f"--max-input-len {point.max_input_len} leaves no room for the texts beside "
+                f"{options['max_reference_seconds']:g} s of reference audio ({reference_tokens:g} speech tokens)",
+                hint="build with --max-input-len 2048 (the default), or lower -o max_reference_seconds",
+            )
+        if options["max_new_tokens"] > point.max_output_len:
+            raise UsageError(
+                f"-o max_new_tokens={options['max_new_tokens']} is more than --max-output-len {point.max_output_len}"
+            )
+        options["max_new_tokens"] = options["max_new_tokens"] or point.max_output_len
+        options["bls_instances"] = options["bls_instances"] or point.max_batch_size
+        options["generation"] = self.name
+        # the torch engine ends on every stop token of the converted LLM (its generation_config end tokens) and bans
+        # them all before min tokens; TensorRT-LLM's engines end on end_id alone, so the others go as stop words
+        options["llm_reads_end_tokens"] = point.engine == "torch"
+        options["speaker_dir"] = str(ctx.deployment_dir / "speakers")
+        return options
+
+    def notes(self, ctx: BuildContext) -> list[str]:
+        """How this deployment departs from the official runtime/triton_trtllm recipe."""
+        options = self.template_context(ctx)
+        lines = [
+            f"output cap {options['max_new_tokens']} speech tokens ({options['max_new_tokens'] / TOKENS_PER_SECOND:g} "
+            "s of speech), settable per request, and at least min_token_text_ratio per text token: the official BLS "
+            "asks for 750 (30 s) whatever the text",
+            "the LLM's head bias and its speech-only mask go with each request as embedding_bias (the converted LLM "
+            "is a standard Qwen2 causal LM): no text token can be sampled",
+            "token2wav batches the requests that arrive together (the official one runs them one at a time)",
+            "voices registered once (speaker_id with a reference) are used by id afterwards, from any BLS instance: "
+            "the official deployment reads one fixed spk2info.pt",
+            f"{options['bls_instances']} {self.name} instances, one request each (official: 4 sharing threads)",
+        ]
+        if options["text_normalization"]:
+            lines.append("texts are normalised with wetext before the LLM (numbers, dates, units), where it installs")
+        if ctx.decoupled:
+            lines.append(
+                f"streaming sends audio chunks of {options['first_chunk_tokens']} speech tokens, then "
+                f"{options['chunk_growth']:g} times more each, up to {options['max_chunk_tokens']}; the LLM is asked "
+                "for each chunk's tokens by a non-decoupled call, so the decoupled-LLM hang of the official streaming "
+                "cannot happen"
+            )
+        if ctx.point.engine == "trtllm":
+            lines.append(
+                f"KV-cache pool of {ctx.point.kv_cache_tokens} tokens (max_batch_size x max_seq_len): the official "
+                "config caps it at 2560 tokens with kv_cache_free_gpu_mem_fraction 0.5, which caps concurrency"
+            )
+        return lines
+
+    def workload(self, deployment: Deployment) -> TTSWorkload:
+        from trtdeploy.perf.tts import TTSWorkload
+
+        return TTSWorkload(
+            model_name=deployment.entry_model,
+            decoupled=deployment.decoupled,
+            sample_rate=SAMPLE_RATE,
+            tokens_per_second=TOKENS_PER_SECOND,
+        )
+
+
+@trtdeploy.hookimpl
+def register_models(register: Any) -> None:
+    register(CosyVoice("cosyvoice2", "FunAudioLLM/CosyVoice2-0.5B", "CosyVoice2-0.5B zero-shot TTS (24 kHz)"))
+    register(
+        CosyVoice("cosyvoice3", "FunAudioLLM/Fun-CosyVoice3-0.5B-2512", "Fun-CosyVoice3-0.5B zero-shot TTS (24 kHz)")
+    )

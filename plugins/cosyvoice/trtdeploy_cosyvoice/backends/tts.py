@@ -1,0 +1,409 @@
+"""``cosyvoice2`` / ``cosyvoice3`` (and ``*_offline``): the BLS model that turns a reference voice and a text into
+24 kHz speech, with the official entry's tensors (``reference_wav``, ``reference_wav_len``, ``reference_text``,
+``target_text`` → ``waveform``).
+
+Per request: the voice (``audio_tokenizer`` and ``speaker_embedding`` on the reference, its mel here; or a voice
+registered before, by ``speaker_id``), the prompt ``<|sos|>`` reference-text target-text ``<|task_id|>``
+reference-speech-tokens, the LLM contract (``tensorrt_llm``, whichever engine serves it) with the speech-only
+``embedding_bias``, then ``token2wav`` (CosyVoice3: and ``vocoder``). Offline, one waveform comes back; decoupled
+(streaming), audio chunks as the speech tokens come, then an empty final response.
+
+Every call is non-decoupled: streaming asks the LLM for one chunk's tokens at a time, with the prompt followed by
+what it said so far (BLS models reading a decoupled model's stream crash the python-backend stub under load). Each
+instance serves one request at a time. Every failure reaches the client as an error response naming the problem;
+the model keeps serving.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from trtdeploy.backend_utils import (
+    ModelParameters,
+    decode_text,
+    first_sequence,
+    optional_scalar,
+    reference_wav,
+    segment_seed,
+)
+
+from ..convert import SPEECH_BIAS_FILE, SpeechLayout
+from ..prompt_mel import PromptMel, align
+from ..speaker import SAMPLE_RATE as REFERENCE_RATE
+from ..text import TextNormalizer
+from ..voices import DEFAULT_SPEAKER, Voice, VoiceStore
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+#: CosyVoice3 was trained with a system text ending in this token before the reference text.
+END_OF_PROMPT = "<|endofprompt|>"
+SYSTEM_PROMPT = "You are a helpful assistant." + END_OF_PROMPT
+#: Speech tokens after a streamed chunk that the flow reads ahead (its pre_lookahead_len).
+LOOKAHEAD_TOKENS = 3
+
+
+class RequestError(ValueError):
+    """The request cannot be served as sent (answered with INVALID_ARG)."""
+
+
+@dataclass
+class Synthesis:
+    """One parsed request."""
+
+    target_text: str
+    reference_text: str | None
+    wav: np.ndarray | None
+    speaker_id: str | None
+    max_tokens: int
+    temperature: float
+    top_k: int
+    top_p: float
+    repetition_penalty: float
+    seed: int | None
+
+
+def _error(message: str, *, invalid: bool) -> pb_utils.InferenceResponse:
+    code = pb_utils.TritonError.INVALID_ARG if invalid else pb_utils.TritonError.INTERNAL
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+
+
+def _has_input(request, name: str) -> bool:
+    return pb_utils.get_input_tensor_by_name(request, name) is not None
+
+
+def _tensor(name: str, value, dtype) -> pb_utils.Tensor:
+    return pb_utils.Tensor(name, np.asarray(value, dtype=dtype).reshape(1, -1))
+
+
+def _call(model: str, inputs: list, outputs: list[str]) -> pb_utils.InferenceResponse:
+    """One BLS call to a non-decoupled model; RuntimeError naming the model when it fails."""
+    response = pb_utils.InferenceRequest(model_name=model, requested_output_names=outputs, inputs=inputs).exec()
+    if response.has_error():
+        raise RuntimeError(f"{model}: {response.error().message()}")
+    return response
+
+
+def _output(response, name: str) -> np.ndarray:
+    return pb_utils.get_output_tensor_by_name(response, name).as_numpy()
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        params = ModelParameters(args)
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
+        self.generation = params.str("generation")
+        self.llm_model = params.str("llm_model")
+        self.llm_seed_input = params.str("llm_seed_input")
+        self.llm_min_tokens_input = params.str("llm_min_tokens_input")
+        #: Whether the engine ends on every stop token of the converted LLM (its generation_config end tokens, all
+        #: banned before min tokens) when a request sends no end_id: the torch engine. TensorRT-LLM's engines end on
+        #: end_id alone, so the other stop tokens go as stop words (which min tokens does not hold back).
+        self.llm_reads_end_tokens = params.bool("llm_reads_end_tokens")
+        self.seed_per_segment = not params.bool("llm_noise_keyed_by_position")
+        self.max_input_len = params.int("max_input_len")
+        self.max_output_len = params.int("max_output_len")
+        self.max_reference_samples = int(params.float("max_reference_seconds") * REFERENCE_RATE)
+        self.min_ratio = params.float("min_token_text_ratio")
+        self.max_ratio = params.float("max_token_text_ratio")
+        self.defaults = {
+            "max_tokens": params.int("max_new_tokens"),
+            "temperature": params.float("temperature"),
+            "top_k": params.int("top_k"),
+            "top_p": params.float("top_p"),
+            "repetition_penalty": params.float("repetition_penalty"),
+        }
+        self.first_chunk = params.int("first_chunk_tokens")
+        self.chunk_growth = params.float("chunk_growth")
+        self.max_chunk = params.int("max_chunk_tokens")
+        llm_dir = params.str("llm_dir")
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_file(f"{llm_dir}/tokenizer.json")
+        self.layout = SpeechLayout.load(Path(llm_dir))
+        self.bias = np.load(f"{llm_dir}/{SPEECH_BIAS_FILE}").astype(np.float32)
+        self.normalize = TextNormalizer() if params.bool("text_normalization") else None
+        self.mel = PromptMel(fmax=8000.0 if self.generation == "cosyvoice2" else None)
+        self.voices = VoiceStore(params.str("speaker_dir"))
+
+    def execute(self, requests: list) -> None:
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                job = self._parse(request)
+            except RequestError as exc:
+                sender.send(_error(str(exc), invalid=True), flags=FINAL)
+                continue
+            self._serve(job, sender)
+        return None
+
+    # --- reading a request ------------------------------------------------------------------------------------
+
+    def _parse(self, request) -> Synthesis:
+        try:
+            target_text = decode_text(request, "target_text")
+            reference_text = decode_text(request, "reference_text") if _has_input(request, "reference_text") else None
+            speaker_id = decode_text(request, "speaker_id") if _has_input(request, "speaker_id") else None
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
+        if not target_text.strip():
+            raise RequestError("target_text is empty: there is nothing to say")
+        sample_rate = optional_scalar(request, "sample_rate", REFERENCE_RATE)
+        if sample_rate != REFERENCE_RATE:
+            raise RequestError(
+                f"reference_wav must be {REFERENCE_RATE} Hz mono, got {sample_rate} Hz: resample it first"
+            )
+        wav = None
+        if _has_input(request, "reference_wav"):
+            try:
+                wav = reference_wav(request, self.max_reference_samples, REFERENCE_RATE)
+            except ValueError as exc:
+                raise RequestError(str(exc)) from None
+        if speaker_id is not None:
+            try:
+                self.voices.check_id(speaker_id)
+            except ValueError as exc:
+                raise RequestError(str(exc)) from None
+        max_tokens = int(optional_scalar(request, "max_tokens", self.defaults["max_tokens"]))
+        if not 0 < max_tokens <= self.max_output_len:
+            raise RequestError(
+                f"max_tokens {max_tokens} is outside 1..{self.max_output_len} (this deployment's max_output_len)"
+            )
+        seed = optional_scalar(request, "random_seed")
+        job = Synthesis(
+            target_text=target_text,
+            reference_text=reference_text,
+            wav=wav,
+            speaker_id=speaker_id,
+            max_tokens=max_tokens,
+            temperature=float(optional_scalar(request, "temperature", self.defaults["temperature"])),
+            top_k=int(optional_scalar(request, "top_k", self.defaults["top_k"])),
+            top_p=float(optional_scalar(request, "top_p", self.defaults["top_p"])),
+            repetition_penalty=float(
+                optional_scalar(request, "repetition_penalty", self.defaults["repetition_penalty"])
+            ),
+            seed=None if seed is None else int(seed),
+        )
+        limits = {
+            "temperature": job.temperature >= 0,
+            "top_k": job.top_k >= 0,
+            "top_p": 0 <= job.top_p <= 1,
+            "repetition_penalty": job.repetition_penalty > 0,
+        }
+        bad = [name for name, ok in limits.items() if not ok]
+        if bad:
+            raise RequestError(
+                f"{bad[0]} {getattr(job, bad[0]):g} is out of range (temperature >= 0, top_k >= 0, "
+                "0 <= top_p <= 1, repetition_penalty > 0)"
+            )
+        return job
+
+    # --- serving it --------------------------------------------------------------------------------------------
+
+    def _serve(self, job: Synthesis, sender) -> None:
+        try:
+            voice = self._voice(job)
+            prompt, text_tokens = self._prompt(voice, job)
+            min_tokens = int(self.min_ratio * text_tokens)
+            max_tokens = max(1, min(job.max_tokens, int(self.max_ratio * text_tokens)))
+            if self.decoupled:
+                self._stream(job, voice, prompt, min_tokens, max_tokens, sender)
+            else:
+                tokens = self._speech_tokens(self._generate(job, prompt, max_tokens, min_tokens))
+                if tokens.size == 0:
+                    raise RequestError(self._no_speech(max_tokens))
+                audio = self._audio_offline(voice, tokens, job.seed)
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio.reshape(1, -1))]), FINAL)
+        except RequestError as exc:
+            sender.send(_error(str(exc), invalid=True), flags=FINAL)
+        except Exception as exc:  # anything else is the server's fault; the model keeps serving
+            sender.send(_error(f"{self.generation} failed: {type(exc).__name__}: {exc}", invalid=False), flags=FINAL)
+
+    def _voice(self, job: Synthesis) -> Voice:
+        """The reference's voice (registered under ``speaker_id`` when one is given), or the registered one."""
+        if job.wav is None:
+            speaker_id = job.speaker_id or DEFAULT_SPEAKER
+            try:
+                return self.voices.load(speaker_id)
+            except KeyError:
+                raise RequestError(
+                    f"no voice is registered as {speaker_id!r}: send reference_wav (and reference_text), with "
+                    f"speaker_id {speaker_id!r} to register it"
+                ) from None
+        reference_text = job.reference_text or ""
+        inputs = [_tensor("reference_wav", job.wav, np.float32), _tensor("reference_wav_len", [job.wav.size], np.int32)]
+        try:
+            tokens = _output(_call("audio_tokenizer", inputs, ["prompt_speech_tokens"]), "prompt_speech_tokens")
+            embedding = _output(_call("speaker_embedding", inputs, ["prompt_spk_embedding"]), "prompt_spk_embedding")
+        except RuntimeError as exc:
+            raise RequestError(str(exc)) from None
+        tokens, mel = align(tokens.reshape(-1).astype(np.int32), self.mel.features(job.wav))
+        if tokens.size == 0:
+            raise RequestError("the reference audio is too short for one speech token (40 ms): send a few seconds")
+        voice = Voice(text=reference_text, tokens=tokens, mel=mel, embedding=embedding.reshape(-1).astype(np.float32))
+        if job.speaker_id is not None:
+            self.voices.save(job.speaker_id, voice)
+        return voice
+
+    def _text(self, text: str) -> str:
+        return self.normalize(text) if self.normalize is not None else text
+
+    def _prompt(self, voice: Voice, job: Synthesis) -> tuple[np.ndarray, int]:
+        """The LLM prompt and the number of text tokens of the target text; RequestError when it cannot fit."""
+        reference_text = self._text(voice.text)
+        if self.generation == "cosyvoice3" and END_OF_PROMPT not in reference_text:
+            reference_text = SYSTEM_PROMPT + reference_text
+        target_text = self._text(job.target_text)
+        # the two texts are read as one (as the official prompt string is tokenized); the target's own tokens
+        # only set the answer's length bounds
+        text_ids = self.tokenizer.encode(reference_text + target_text, add_special_tokens=False).ids
+        target_tokens = len(self.tokenizer.encode(target_text, add_special_tokens=False).ids)
+        speech = self.layout.speech_offset + voice.tokens.astype(np.int64)
+        prompt = np.concatenate([[self.layout.sos_id], text_ids, [self.layout.task_id], speech]).astype(np.int32)
+        if prompt.size > self.max_input_len:
+            raise RequestError(
+                f"the prompt is {prompt.size} tokens ({voice.tokens.size} of them the reference audio's, 25 a "
+                f"second), more than this deployment's max_input_len {self.max_input_len}: use a shorter reference "
+                "or text, or build with a larger --max-input-len"
+            )
+        return prompt, target_tokens
+
+    def _generate(self, job: Synthesis, prompt: np.ndarray, max_tokens: int, min_tokens: int, segment: int = 0):
+        """The ids the LLM generates after ``prompt``: ``max_tokens`` of them, fewer when it ends (its stop token
+        kept); no stop before ``min_tokens``. ``segment`` counts the calls of a streamed answer."""
+        stops = self.layout.stop_ids
+        inputs = [
+            _tensor("input_ids", prompt, np.int32),
+            _tensor("input_lengths", [prompt.size], np.int32),
+            _tensor("request_output_len", [max_tokens], np.int32),
+            _tensor("pad_id", [stops[0]], np.int32),
+            _tensor("streaming", [False], np.bool_),
+            _tensor("temperature", [job.temperature], np.float32),
+            _tensor("runtime_top_k", [job.top_k], np.int32),
+            _tensor("runtime_top_p", [job.top_p], np.float32),
+            _tensor("repetition_penalty", [job.repetition_penalty], np.float32),
+            _tensor("embedding_bias", self.bias, np.float32),
+        ]
+        if not self.llm_reads_end_tokens:
+            inputs.append(_tensor("end_id", [stops[0]], np.int32))
+            if len(stops) > 1:  # every other stop token as a one-token stop word: [ids], [end offsets]
+                words = np.array([[list(stops[1:]), list(range(1, len(stops)))]], dtype=np.int32)
+                inputs.append(pb_utils.Tensor("stop_words_list", words))
+        if min_tokens > 0:
+            inputs.append(_tensor(self.llm_min_tokens_input, [min_tokens], np.int32))
+        seed = job.seed
+        if self.seed_per_segment and segment:  # the engine's default seed when none was asked for is 0
+            seed = segment_seed(job.seed or 0, segment)
+        if seed is not None:
+            inputs.append(_tensor(self.llm_seed_input, [seed], np.uint64))
+        response = _call(self.llm_model, inputs, ["output_ids", "sequence_length"])
+        lengths = pb_utils.get_output_tensor_by_name(response, "sequence_length")
+        ids = first_sequence(_output(response, "output_ids"), None if lengths is None else lengths.as_numpy())
+        return ids.astype(np.int64)
+
+    def _speech_tokens(self, ids: np.ndarray) -> np.ndarray:
+        """The speech tokens among the LLM's ids (up to the first stop token)."""
+        tokens = []
+        for token_id in ids.tolist():
+            token = self.layout.speech_token(token_id)
+            if token is None:
+                break
+            tokens.append(token)
+        return np.array(tokens, dtype=np.int32)
+
+    def _token2wav(self, voice: Voice, tokens: np.ndarray, extra: list, outputs: list[str], seed: int | None = None):
+        """``token2wav`` on the voice's prompt; CosyVoice2's vocoder noise drawn from ``seed`` when given."""
+        if seed is not None and self.generation == "cosyvoice2":
+            extra = [*extra, _tensor("random_seed", [seed], np.uint64)]
+        inputs = [
+            _tensor("target_speech_tokens", tokens, np.int32),
+            _tensor("prompt_speech_tokens", voice.tokens, np.int32),
+            pb_utils.Tensor("prompt_speech_feat", voice.mel.astype(np.float16)[None]),
+            _tensor("prompt_spk_embedding", voice.embedding, np.float16),
+            *extra,
+        ]
+        return _call("token2wav", inputs, outputs)
+
+    def _vocode(self, mel: np.ndarray, finalize: bool) -> np.ndarray:
+        inputs = [pb_utils.Tensor("mel", mel[None].astype(np.float32)), _tensor("finalize", [finalize], np.bool_)]
+        return _output(_call("vocoder", inputs, ["tts_speech"]), "tts_speech").reshape(-1)
+
+    def _audio_offline(self, voice: Voice, tokens: np.ndarray, seed: int | None) -> np.ndarray:
+        if self.generation == "cosyvoice2":
+            return _output(self._token2wav(voice, tokens, [], ["waveform"], seed), "waveform").reshape(-1)
+        mel = _output(self._token2wav(voice, tokens, [], ["mel"]), "mel")
+        return self._vocode(mel.reshape(mel.shape[-2:]), finalize=True)
+
+    def _stream(self, job: Synthesis, voice: Voice, prompt, min_tokens: int, max_tokens: int, sender) -> None:
+        """Ask the LLM for the tokens of the next chunk, turn what is ready into audio, send; until the LLM ends
+        or the cap is reached, then the rest of the audio and an empty final response."""
+        stream = _ChunkStream(self, voice, job.seed)
+
+        def send(audio: np.ndarray) -> None:
+            if audio.size:
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio.reshape(1, -1))]))
+
+        said, tokens, segment, hop = prompt, np.zeros(0, dtype=np.int32), 0, self.first_chunk
+        ended = False
+        while tokens.size < max_tokens and not sender.is_cancelled():
+            wanted = min(max_tokens - tokens.size, stream.offset + hop + LOOKAHEAD_TOKENS - tokens.size)
+            ids = self._generate(job, said, wanted, max(0, min_tokens - tokens.size), segment)
+            said, segment = np.concatenate([said, ids.astype(np.int32)]), segment + 1
+            new = self._speech_tokens(ids)
+            tokens = np.concatenate([tokens, new])
+            ended = new.size < ids.size or ids.size < wanted
+            if ended:
+                break
+            if tokens.size >= stream.offset + hop + LOOKAHEAD_TOKENS:
+                send(stream.chunk(tokens, hop))
+                hop = min(self.max_chunk, int(hop * self.chunk_growth))
+        if tokens.size == 0:
+            raise RequestError(self._no_speech(max_tokens))
+        send(stream.finish(tokens))
+        sender.send(flags=FINAL)
+
+    def _no_speech(self, max_tokens: int) -> str:
+        return f"the LLM produced no speech tokens in {max_tokens} tokens, so there is no audio"
+
+
+class _ChunkStream:
+    """The audio of a stream so far: each chunk is the flow over all tokens so far (the last 3 read ahead only),
+    its new frames from the offset on, then the vocoder (CosyVoice2: with the state of the chunk before;
+    CosyVoice3: over all frames so far, keeping the samples not sent yet)."""
+
+    def __init__(self, model: TritonPythonModel, voice: Voice, seed: int | None):
+        self.model, self.voice, self.seed = model, voice, seed
+        self.calls = 0
+        self.offset = 0  # tokens whose audio has gone out (or is held back by the vocoder)
+        self.cache: list[pb_utils.Tensor] = []  # CosyVoice2's vocoder state, as token2wav answered it
+        self.mels: list[np.ndarray] = []  # CosyVoice3's frames so far
+        self.sent = 0  # CosyVoice3's samples sent
+
+    def chunk(self, tokens: np.ndarray, hop: int) -> np.ndarray:
+        audio = self._call(tokens[: self.offset + hop + LOOKAHEAD_TOKENS], finalize=False)
+        self.offset += hop
+        return audio
+
+    def finish(self, tokens: np.ndarray) -> np.ndarray:
+        return self._call(tokens, finalize=True)
+
+    def _call(self, tokens: np.ndarray, finalize: bool) -> np.ndarray:
+        extra = [_tensor("token_offset", [self.offset], np.int32), _tensor("finalize", [finalize], np.bool_)]
+        if self.model.generation == "cosyvoice2":
+            names = ["waveform", "cache_mel", "cache_source", "cache_speech"]
+            seed = None if self.seed is None else segment_seed(self.seed, self.calls)  # fresh noise per chunk
+            self.calls += 1
+            response = self.model._token2wav(
+                self.voice, tokens, extra + self.cache, names if not finalize else names[:1], seed
+            )
+            if not finalize:
+                self.cache = [pb_utils.Tensor(name, _output(response, name)) for name in names[1:]]
+            return _output(response, "waveform").reshape(-1)
+        mel = _output(self.model._token2wav(self.voice, tokens, extra, ["mel"]), "mel")
+        self.mels.append(mel.reshape(mel.shape[-2:]))
+        audio = self.model._vocode(np.concatenate(self.mels, axis=1), finalize=finalize)
+        new, self.sent = audio[self.sent :], audio.size
+        return new

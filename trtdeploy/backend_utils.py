@@ -36,6 +36,59 @@ class ModelParameters:
         return self.str(key, None if default is None else str(default)).lower() in TRUE_WORDS
 
 
+class RequestError(ValueError):
+    """The request cannot be served as sent (answered with INVALID_ARG)."""
+
+
+def error_response(message: str, *, invalid: bool) -> Any:
+    """An error response: INVALID_ARG for the client's mistake (``invalid``), INTERNAL for the server's."""
+    import triton_python_backend_utils as pb_utils
+
+    code = pb_utils.TritonError.INVALID_ARG if invalid else pb_utils.TritonError.INTERNAL
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+
+
+def has_input(request: Any, name: str) -> bool:
+    import triton_python_backend_utils as pb_utils
+
+    return pb_utils.get_input_tensor_by_name(request, name) is not None
+
+
+def row_tensor(name: str, value: Any, dtype: Any) -> Any:
+    """A ``[1, n]`` tensor of ``value`` (one request's row), for a BLS call."""
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    return pb_utils.Tensor(name, np.asarray(value, dtype=dtype).reshape(1, -1))
+
+
+def call_model(model: str, inputs: list, outputs: list[str]) -> Any:
+    """One BLS call to a non-decoupled model; RuntimeError naming the model when it fails."""
+    import triton_python_backend_utils as pb_utils
+
+    response = pb_utils.InferenceRequest(model_name=model, requested_output_names=outputs, inputs=inputs).exec()
+    if response.has_error():
+        raise RuntimeError(f"{model}: {response.error().message()}")
+    return response
+
+
+def check_sampling(temperature: float, top_k: int, top_p: float, repetition_penalty: float) -> None:
+    """RequestError naming the first sampling setting out of range."""
+    values = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "repetition_penalty": repetition_penalty}
+    valid = {
+        "temperature": temperature >= 0,
+        "top_k": top_k >= 0,
+        "top_p": 0 <= top_p <= 1,
+        "repetition_penalty": repetition_penalty > 0,
+    }
+    bad = [name for name, ok in valid.items() if not ok]
+    if bad:
+        raise RequestError(
+            f"{bad[0]} {values[bad[0]]:g} is out of range (temperature >= 0, top_k >= 0, 0 <= top_p <= 1, "
+            "repetition_penalty > 0)"
+        )
+
+
 def optional_scalar(request: Any, name: str, default: Any = None) -> Any:
     """The first element of an optional input tensor, or ``default`` when the client did not send it."""
     import triton_python_backend_utils as pb_utils

@@ -161,6 +161,7 @@ def test_four_requests_at_once_each_get_their_audio(served):
         (lambda: tts_inputs(voice(1.0), sample_rate=(24000, "INT32")), "must be 16000 Hz"),
         (lambda: tts_inputs(voice(600.0)), "longer than the 30 s"),
         (lambda: tts_inputs(np.full(16000, np.nan, dtype=np.float32)), "NaN"),
+        (lambda: tts_inputs(voice(1.0)[:150]), "too short for a speech token"),
         (lambda: tts_inputs(voice(1.0), target=b"\xff\xfe bad"), "not valid UTF-8"),
         (lambda: tts_inputs(None, reference=None, speaker_id=("nobody", "BYTES")), "no voice is registered"),
         (lambda: tts_inputs(voice(1.0), speaker_id=("../etc", "BYTES")), "not a valid id"),

@@ -30,7 +30,10 @@ __version__ = "0.1.0"
 
 #: Speech tokens per second of audio.
 TOKENS_PER_SECOND = 25
+#: The smallest streamed chunk: 8 mel frames, what the vocoder needs of a chunk before the last.
+MIN_CHUNK_TOKENS = 4
 FLOW_WEIGHTS, VOCODER_WEIGHTS = "flow.pt", "hift.pt"
+FLOW_PRECISIONS = ("fp32", "fp16", "bf16")
 
 
 @dataclass(frozen=True)
@@ -52,8 +55,12 @@ class CosyVoiceOptions:
     max_reference_seconds: float = 30.0
     #: Normalise numbers, dates and units of the texts before the LLM reads them (wetext).
     text_normalization: bool = True
+    #: The flow's precision on a GPU (fp16: as the official TensorRT plans run it; fp32 on the CPU whatever this
+    #: says); the vocoder runs in fp32.
+    flow_precision: str = "fp16"
     #: Streaming: speech tokens of the first chunk, then each chunk chunk_growth times the one before, at most
-    #: max_chunk_tokens (the official BLS: 15, then 25, 50, 100).
+    #: max_chunk_tokens: 15, 30, 60, 100, ... (the official BLS: 15, then 25, 50, 100, 200, ...). At least 4: a
+    #: chunk before the last must give the vocoder 8 mel frames (2 a token).
     first_chunk_tokens: int = 15
     chunk_growth: float = 2.0
     max_chunk_tokens: int = 100
@@ -72,7 +79,8 @@ class CosyVoiceOptions:
             "min_token_text_ratio": self.min_token_text_ratio >= 0,
             "max_token_text_ratio": self.max_token_text_ratio >= self.min_token_text_ratio,
             "max_reference_seconds": 0 < self.max_reference_seconds <= 30,
-            "first_chunk_tokens": self.first_chunk_tokens >= 1,
+            "flow_precision": self.flow_precision in FLOW_PRECISIONS,
+            "first_chunk_tokens": self.first_chunk_tokens >= MIN_CHUNK_TOKENS,
             "chunk_growth": self.chunk_growth >= 1,
             "max_chunk_tokens": self.max_chunk_tokens >= self.first_chunk_tokens,
             "bls_instances": self.bls_instances >= 0,
@@ -186,7 +194,8 @@ class CosyVoice(ModelSpec):
             "token2wav batches the requests that arrive together (the official one runs them one at a time)",
             "voices registered once (speaker_id with a reference) are used by id afterwards, from any BLS instance: "
             "the official deployment reads one fixed spk2info.pt",
-            f"{options['bls_instances']} {self.name} instances, one request each (official: 4 sharing threads)",
+            f"{options['bls_instances']} {self.name} instances, one request each (official: "
+            + ("4 sharing threads)" if self.name == "cosyvoice2" else "10)"),
         ]
         if options["text_normalization"]:
             lines.append("texts are normalised with wetext before the LLM (numbers, dates, units), where it installs")
@@ -198,9 +207,14 @@ class CosyVoice(ModelSpec):
                 "cannot happen"
             )
         if ctx.point.engine == "trtllm":
+            official = (
+                "caps it at 2560 tokens with kv_cache_free_gpu_mem_fraction 0.5, which caps concurrency"
+                if self.name == "cosyvoice2"
+                else "serves the LLM with trtllm-serve at kv_cache_free_gpu_memory_fraction 0.4"
+            )
             lines.append(
                 f"KV-cache pool of {ctx.point.kv_cache_tokens} tokens (max_batch_size x max_seq_len): the official "
-                "config caps it at 2560 tokens with kv_cache_free_gpu_mem_fraction 0.5, which caps concurrency"
+                f"deployment {official}"
             )
         return lines
 

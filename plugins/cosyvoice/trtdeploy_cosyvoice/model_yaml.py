@@ -89,11 +89,3 @@ def read_model_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise UsageError(f"{path} is not a CosyVoice model yaml (no top-level mapping)")
     return _resolve(document, document, path)
-
-
-def section(document: dict[str, Any], key: str, path: Path) -> dict[str, Any]:
-    """A constructor's arguments (its mapping without the tag), or a UsageError naming the missing key."""
-    node = document.get(key)
-    if not isinstance(node, dict):
-        raise UsageError(f"{path} has no {key!r} section", hint="pass the yaml shipped with the CosyVoice checkpoint")
-    return {name: value for name, value in node.items() if name != TARGET}

@@ -29,17 +29,13 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
-from trtdeploy.backend_utils import ModelParameters, first_sequence
+from trtdeploy.backend_utils import ModelParameters, RequestError, error_response, first_sequence
 
 from .audio import SAMPLE_RATE, WINDOW_FRAMES, AudioError, LogMel, utterances, windows
 from .tokens import PromptError, WhisperText
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 LLM_OUTPUTS = ["output_ids", "sequence_length"]
-
-
-class RequestError(ValueError):
-    """The request cannot be served as sent (answered with INVALID_ARG)."""
 
 
 @dataclass
@@ -50,11 +46,6 @@ class Transcription:
     prompts: list[np.ndarray]
     max_new_tokens: list[int]
     ignore_eos: list[bool]
-
-
-def _error(message: str, *, invalid: bool) -> pb_utils.InferenceResponse:
-    code = pb_utils.TritonError.INVALID_ARG if invalid else pb_utils.TritonError.INTERNAL
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
 
 
 def _transcripts(texts: list[str]) -> pb_utils.InferenceResponse:
@@ -182,9 +173,9 @@ class TritonPythonModel:
             )  # fmt: skip
             return _transcripts(list(texts))
         except RequestError as exc:
-            return _error(str(exc), invalid=True)
+            return error_response(str(exc), invalid=True)
         except Exception as exc:  # anything else is the server's fault; the model keeps serving
-            return _error(f"whisper_bls failed: {type(exc).__name__}: {exc}", invalid=False)
+            return error_response(f"whisper_bls failed: {type(exc).__name__}: {exc}", invalid=False)
 
     async def _transcribe(self, job: Transcription, row: int) -> str:
         parts = windows(job.utterances[row], self.window_samples)
@@ -227,7 +218,7 @@ class TritonPythonModel:
         try:
             job = self._parse(request)
         except RequestError as exc:
-            sender.send(_error(str(exc), invalid=True), flags=FINAL)
+            sender.send(error_response(str(exc), invalid=True), flags=FINAL)
             return
         try:
             texts = [""] * len(job.utterances)
@@ -249,4 +240,4 @@ class TritonPythonModel:
                 sender.send(_transcripts(texts))
             sender.send(flags=FINAL)
         except Exception as exc:  # the model keeps serving
-            sender.send(_error(f"whisper_bls failed: {type(exc).__name__}: {exc}", invalid=False), flags=FINAL)
+            sender.send(error_response(f"whisper_bls failed: {type(exc).__name__}: {exc}", invalid=False), flags=FINAL)

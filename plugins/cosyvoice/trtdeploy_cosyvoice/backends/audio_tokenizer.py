@@ -12,7 +12,7 @@ import triton_python_backend_utils as pb_utils
 from trtdeploy.backend_utils import ModelParameters, reference_wav
 
 from ..speaker import SAMPLE_RATE as REFERENCE_RATE
-from ..speech_tokens import SpeechTokenizer
+from ..speech_tokens import MIN_SAMPLES, SpeechTokenizer
 
 
 class TritonPythonModel:
@@ -28,17 +28,17 @@ class TritonPythonModel:
         waves, rows = [], []
         for index, request in enumerate(requests):
             try:
-                waves.append(reference_wav(request, self.max_samples, REFERENCE_RATE))
+                wave = reference_wav(request, self.max_samples, REFERENCE_RATE)
+                if wave.size < MIN_SAMPLES:
+                    raise ValueError(
+                        f"the reference audio is {wave.size} samples, too short for a speech token: send at least "
+                        f"{MIN_SAMPLES} (a few seconds of speech make a good reference)"
+                    )
+                waves.append(wave)
                 rows.append(index)
             except ValueError as exc:
                 responses[index] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
-        try:
-            tokens = self.tokenizer.tokens(waves) if waves else []
-        except ValueError as exc:  # a reference too short for one token
-            for index in rows:
-                responses[index] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
-            return responses
-        for index, ids in zip(rows, tokens, strict=True):
+        for index, ids in zip(rows, self.tokenizer.tokens(waves) if waves else [], strict=True):
             tensor = pb_utils.Tensor("prompt_speech_tokens", ids.astype(np.int32).reshape(1, -1))
             responses[index] = pb_utils.InferenceResponse(output_tensors=[tensor])
         return responses

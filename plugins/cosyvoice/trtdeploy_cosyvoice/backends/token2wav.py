@@ -22,7 +22,7 @@ from ..token2wav.hift import StreamCache
 from ..token2wav.model import FlowJob, Token2Wav
 
 CACHE_NAMES = ("cache_mel", "cache_source", "cache_speech")
-PRECISIONS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+FLOW_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 @dataclass
@@ -45,7 +45,7 @@ class TritonPythonModel:
         import torch
 
         params = ModelParameters(args)
-        dtype = getattr(torch, PRECISIONS.get(params.str("precision", "fp32"), "float32"))
+        dtype = getattr(torch, FLOW_DTYPES[params.str("flow_precision")])
         device = params.str("device", "cpu")
         self.model = Token2Wav.load(
             params.str("checkpoint_dir"),
@@ -67,14 +67,20 @@ class TritonPythonModel:
         for call in calls:
             modes.setdefault((call.streaming, call.finalize), []).append(call)
         for (streaming, finalize), group in modes.items():
-            try:
-                mels = self.model.mels([call.job for call in group], streaming=streaming, finalize=finalize)
-                answers = self._answer(group, mels, finalize)
-            except ValueError as exc:
-                answers = [pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))) for _ in group]
-            for call, answer in zip(group, answers, strict=True):
+            for call, answer in zip(group, self._run(group, streaming, finalize), strict=True):
                 responses[call.index] = answer
         return responses
+
+    def _run(self, group: list[_Call], streaming: bool, finalize: bool) -> list:
+        """The answers of calls sharing the flow's mode, as one batch; when one of them is refused, each alone
+        (only the bad one gets the error)."""
+        try:
+            mels = self.model.mels([call.job for call in group], streaming=streaming, finalize=finalize)
+            return self._answer(group, mels, finalize)
+        except ValueError as exc:
+            if len(group) == 1:
+                return [pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))]
+        return [answer for call in group for answer in self._run([call], streaming, finalize)]
 
     def _read(self, index: int, request) -> _Call:
         tokens = _array(request, "target_speech_tokens", np.int64)

@@ -25,10 +25,16 @@ import triton_python_backend_utils as pb_utils
 
 from trtdeploy.backend_utils import (
     ModelParameters,
+    RequestError,
+    call_model,
+    check_sampling,
     decode_text,
+    error_response,
     first_sequence,
+    has_input,
     optional_scalar,
     reference_wav,
+    row_tensor,
     segment_seed,
 )
 
@@ -46,10 +52,6 @@ SYSTEM_PROMPT = "You are a helpful assistant." + END_OF_PROMPT
 LOOKAHEAD_TOKENS = 3
 
 
-class RequestError(ValueError):
-    """The request cannot be served as sent (answered with INVALID_ARG)."""
-
-
 @dataclass
 class Synthesis:
     """One parsed request."""
@@ -64,27 +66,6 @@ class Synthesis:
     top_p: float
     repetition_penalty: float
     seed: int | None
-
-
-def _error(message: str, *, invalid: bool) -> pb_utils.InferenceResponse:
-    code = pb_utils.TritonError.INVALID_ARG if invalid else pb_utils.TritonError.INTERNAL
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
-
-
-def _has_input(request, name: str) -> bool:
-    return pb_utils.get_input_tensor_by_name(request, name) is not None
-
-
-def _tensor(name: str, value, dtype) -> pb_utils.Tensor:
-    return pb_utils.Tensor(name, np.asarray(value, dtype=dtype).reshape(1, -1))
-
-
-def _call(model: str, inputs: list, outputs: list[str]) -> pb_utils.InferenceResponse:
-    """One BLS call to a non-decoupled model; RuntimeError naming the model when it fails."""
-    response = pb_utils.InferenceRequest(model_name=model, requested_output_names=outputs, inputs=inputs).exec()
-    if response.has_error():
-        raise RuntimeError(f"{model}: {response.error().message()}")
-    return response
 
 
 def _output(response, name: str) -> np.ndarray:
@@ -135,7 +116,7 @@ class TritonPythonModel:
             try:
                 job = self._parse(request)
             except RequestError as exc:
-                sender.send(_error(str(exc), invalid=True), flags=FINAL)
+                sender.send(error_response(str(exc), invalid=True), flags=FINAL)
                 continue
             self._serve(job, sender)
         return None
@@ -145,8 +126,8 @@ class TritonPythonModel:
     def _parse(self, request) -> Synthesis:
         try:
             target_text = decode_text(request, "target_text")
-            reference_text = decode_text(request, "reference_text") if _has_input(request, "reference_text") else None
-            speaker_id = decode_text(request, "speaker_id") if _has_input(request, "speaker_id") else None
+            reference_text = decode_text(request, "reference_text") if has_input(request, "reference_text") else None
+            speaker_id = decode_text(request, "speaker_id") if has_input(request, "speaker_id") else None
         except ValueError as exc:
             raise RequestError(str(exc)) from None
         if not target_text.strip():
@@ -157,7 +138,7 @@ class TritonPythonModel:
                 f"reference_wav must be {REFERENCE_RATE} Hz mono, got {sample_rate} Hz: resample it first"
             )
         wav = None
-        if _has_input(request, "reference_wav"):
+        if has_input(request, "reference_wav"):
             try:
                 wav = reference_wav(request, self.max_reference_samples, REFERENCE_RATE)
             except ValueError as exc:
@@ -187,18 +168,7 @@ class TritonPythonModel:
             ),
             seed=None if seed is None else int(seed),
         )
-        limits = {
-            "temperature": job.temperature >= 0,
-            "top_k": job.top_k >= 0,
-            "top_p": 0 <= job.top_p <= 1,
-            "repetition_penalty": job.repetition_penalty > 0,
-        }
-        bad = [name for name, ok in limits.items() if not ok]
-        if bad:
-            raise RequestError(
-                f"{bad[0]} {getattr(job, bad[0]):g} is out of range (temperature >= 0, top_k >= 0, "
-                "0 <= top_p <= 1, repetition_penalty > 0)"
-            )
+        check_sampling(job.temperature, job.top_k, job.top_p, job.repetition_penalty)
         return job
 
     # --- serving it --------------------------------------------------------------------------------------------
@@ -218,9 +188,11 @@ class TritonPythonModel:
                 audio = self._audio_offline(voice, tokens, job.seed)
                 sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio.reshape(1, -1))]), FINAL)
         except RequestError as exc:
-            sender.send(_error(str(exc), invalid=True), flags=FINAL)
+            sender.send(error_response(str(exc), invalid=True), flags=FINAL)
         except Exception as exc:  # anything else is the server's fault; the model keeps serving
-            sender.send(_error(f"{self.generation} failed: {type(exc).__name__}: {exc}", invalid=False), flags=FINAL)
+            sender.send(
+                error_response(f"{self.generation} failed: {type(exc).__name__}: {exc}", invalid=False), flags=FINAL
+            )
 
     def _voice(self, job: Synthesis) -> Voice:
         """The reference's voice (registered under ``speaker_id`` when one is given), or the registered one."""
@@ -234,10 +206,15 @@ class TritonPythonModel:
                     f"speaker_id {speaker_id!r} to register it"
                 ) from None
         reference_text = job.reference_text or ""
-        inputs = [_tensor("reference_wav", job.wav, np.float32), _tensor("reference_wav_len", [job.wav.size], np.int32)]
+        inputs = [
+            row_tensor("reference_wav", job.wav, np.float32),
+            row_tensor("reference_wav_len", [job.wav.size], np.int32),
+        ]
         try:
-            tokens = _output(_call("audio_tokenizer", inputs, ["prompt_speech_tokens"]), "prompt_speech_tokens")
-            embedding = _output(_call("speaker_embedding", inputs, ["prompt_spk_embedding"]), "prompt_spk_embedding")
+            tokens = _output(call_model("audio_tokenizer", inputs, ["prompt_speech_tokens"]), "prompt_speech_tokens")
+            embedding = _output(
+                call_model("speaker_embedding", inputs, ["prompt_spk_embedding"]), "prompt_spk_embedding"
+            )
         except RuntimeError as exc:
             raise RequestError(str(exc)) from None
         tokens, mel = align(tokens.reshape(-1).astype(np.int32), self.mel.features(job.wav))
@@ -276,30 +253,30 @@ class TritonPythonModel:
         kept); no stop before ``min_tokens``. ``segment`` counts the calls of a streamed answer."""
         stops = self.layout.stop_ids
         inputs = [
-            _tensor("input_ids", prompt, np.int32),
-            _tensor("input_lengths", [prompt.size], np.int32),
-            _tensor("request_output_len", [max_tokens], np.int32),
-            _tensor("pad_id", [stops[0]], np.int32),
-            _tensor("streaming", [False], np.bool_),
-            _tensor("temperature", [job.temperature], np.float32),
-            _tensor("runtime_top_k", [job.top_k], np.int32),
-            _tensor("runtime_top_p", [job.top_p], np.float32),
-            _tensor("repetition_penalty", [job.repetition_penalty], np.float32),
-            _tensor("embedding_bias", self.bias, np.float32),
+            row_tensor("input_ids", prompt, np.int32),
+            row_tensor("input_lengths", [prompt.size], np.int32),
+            row_tensor("request_output_len", [max_tokens], np.int32),
+            row_tensor("pad_id", [stops[0]], np.int32),
+            row_tensor("streaming", [False], np.bool_),
+            row_tensor("temperature", [job.temperature], np.float32),
+            row_tensor("runtime_top_k", [job.top_k], np.int32),
+            row_tensor("runtime_top_p", [job.top_p], np.float32),
+            row_tensor("repetition_penalty", [job.repetition_penalty], np.float32),
+            row_tensor("embedding_bias", self.bias, np.float32),
         ]
         if not self.llm_reads_end_tokens:
-            inputs.append(_tensor("end_id", [stops[0]], np.int32))
+            inputs.append(row_tensor("end_id", [stops[0]], np.int32))
             if len(stops) > 1:  # every other stop token as a one-token stop word: [ids], [end offsets]
                 words = np.array([[list(stops[1:]), list(range(1, len(stops)))]], dtype=np.int32)
                 inputs.append(pb_utils.Tensor("stop_words_list", words))
         if min_tokens > 0:
-            inputs.append(_tensor(self.llm_min_tokens_input, [min_tokens], np.int32))
+            inputs.append(row_tensor(self.llm_min_tokens_input, [min_tokens], np.int32))
         seed = job.seed
         if self.seed_per_segment and segment:  # the engine's default seed when none was asked for is 0
             seed = segment_seed(job.seed or 0, segment)
         if seed is not None:
-            inputs.append(_tensor(self.llm_seed_input, [seed], np.uint64))
-        response = _call(self.llm_model, inputs, ["output_ids", "sequence_length"])
+            inputs.append(row_tensor(self.llm_seed_input, [seed], np.uint64))
+        response = call_model(self.llm_model, inputs, ["output_ids", "sequence_length"])
         lengths = pb_utils.get_output_tensor_by_name(response, "sequence_length")
         ids = first_sequence(_output(response, "output_ids"), None if lengths is None else lengths.as_numpy())
         return ids.astype(np.int64)
@@ -317,19 +294,19 @@ class TritonPythonModel:
     def _token2wav(self, voice: Voice, tokens: np.ndarray, extra: list, outputs: list[str], seed: int | None = None):
         """``token2wav`` on the voice's prompt; CosyVoice2's vocoder noise drawn from ``seed`` when given."""
         if seed is not None and self.generation == "cosyvoice2":
-            extra = [*extra, _tensor("random_seed", [seed], np.uint64)]
+            extra = [*extra, row_tensor("random_seed", [seed], np.uint64)]
         inputs = [
-            _tensor("target_speech_tokens", tokens, np.int32),
-            _tensor("prompt_speech_tokens", voice.tokens, np.int32),
+            row_tensor("target_speech_tokens", tokens, np.int32),
+            row_tensor("prompt_speech_tokens", voice.tokens, np.int32),
             pb_utils.Tensor("prompt_speech_feat", voice.mel.astype(np.float16)[None]),
-            _tensor("prompt_spk_embedding", voice.embedding, np.float16),
+            row_tensor("prompt_spk_embedding", voice.embedding, np.float16),
             *extra,
         ]
-        return _call("token2wav", inputs, outputs)
+        return call_model("token2wav", inputs, outputs)
 
     def _vocode(self, mel: np.ndarray, finalize: bool) -> np.ndarray:
-        inputs = [pb_utils.Tensor("mel", mel[None].astype(np.float32)), _tensor("finalize", [finalize], np.bool_)]
-        return _output(_call("vocoder", inputs, ["tts_speech"]), "tts_speech").reshape(-1)
+        inputs = [pb_utils.Tensor("mel", mel[None].astype(np.float32)), row_tensor("finalize", [finalize], np.bool_)]
+        return _output(call_model("vocoder", inputs, ["tts_speech"]), "tts_speech").reshape(-1)
 
     def _audio_offline(self, voice: Voice, tokens: np.ndarray, seed: int | None) -> np.ndarray:
         if self.generation == "cosyvoice2":
@@ -360,6 +337,9 @@ class TritonPythonModel:
             if tokens.size >= stream.offset + hop + LOOKAHEAD_TOKENS:
                 send(stream.chunk(tokens, hop))
                 hop = min(self.max_chunk, int(hop * self.chunk_growth))
+        if sender.is_cancelled():  # the client has gone: no audio for it
+            sender.send(flags=FINAL)
+            return
         if tokens.size == 0:
             raise RequestError(self._no_speech(max_tokens))
         send(stream.finish(tokens))
@@ -391,7 +371,7 @@ class _ChunkStream:
         return self._call(tokens, finalize=True)
 
     def _call(self, tokens: np.ndarray, finalize: bool) -> np.ndarray:
-        extra = [_tensor("token_offset", [self.offset], np.int32), _tensor("finalize", [finalize], np.bool_)]
+        extra = [row_tensor("token_offset", [self.offset], np.int32), row_tensor("finalize", [finalize], np.bool_)]
         if self.model.generation == "cosyvoice2":
             names = ["waveform", "cache_mel", "cache_source", "cache_speech"]
             seed = None if self.seed is None else segment_seed(self.seed, self.calls)  # fresh noise per chunk

@@ -27,14 +27,17 @@ class TritonPythonModel:
             finalize = bool(optional_scalar(request, "finalize", True))
             groups.setdefault(finalize, []).append((index, mel.reshape(mel.shape[-2:])))
         for finalize, group in groups.items():
-            try:
-                audio = self.model.causal_speech([mel for _, mel in group], finalize=finalize)
-                answers = [
-                    pb_utils.InferenceResponse([pb_utils.Tensor("tts_speech", speech.reshape(1, -1))])
-                    for speech in audio
-                ]
-            except ValueError as exc:
-                answers = [pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))) for _ in group]
-            for (index, _), answer in zip(group, answers, strict=True):
+            for (index, _), answer in zip(group, self._run([mel for _, mel in group], finalize), strict=True):
                 responses[index] = answer
         return responses
+
+    def _run(self, mels: list[np.ndarray], finalize: bool) -> list:
+        """The answers for mels sharing ``finalize``, as one batch; when one is refused, each alone (only the bad
+        one gets the error)."""
+        try:
+            audio = self.model.causal_speech(mels, finalize=finalize)
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("tts_speech", wave.reshape(1, -1))]) for wave in audio]
+        except ValueError as exc:
+            if len(mels) == 1:
+                return [pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))]
+        return [answer for mel in mels for answer in self._run([mel], finalize)]

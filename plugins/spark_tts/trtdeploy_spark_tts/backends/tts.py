@@ -31,10 +31,16 @@ import triton_python_backend_utils as pb_utils
 
 from trtdeploy.backend_utils import (
     ModelParameters,
+    RequestError,
+    call_model,
+    check_sampling,
     decode_text,
+    error_response,
     first_sequence,
+    has_input,
     optional_scalar,
     reference_wav,
+    row_tensor,
     segment_seed,
 )
 
@@ -42,10 +48,6 @@ from ..prompt import SAMPLE_RATE, SAMPLES_PER_TOKEN, TOKENS_PER_SECOND, PromptCo
 from ..streaming import STREAM_FORMATS, AudioStream, ChunkSchedule, OverlappedChunks, StreamFormat
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-
-
-class RequestError(ValueError):
-    """The request cannot be served as sent (answered with INVALID_ARG)."""
 
 
 @dataclass
@@ -62,27 +64,6 @@ class Synthesis:
     repetition_penalty: float
     seed: int | None
     stream_format: StreamFormat
-
-
-def _error(message: str, *, invalid: bool) -> pb_utils.InferenceResponse:
-    code = pb_utils.TritonError.INVALID_ARG if invalid else pb_utils.TritonError.INTERNAL
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
-
-
-def _has_input(request, name: str) -> bool:
-    return pb_utils.get_input_tensor_by_name(request, name) is not None
-
-
-def _tensor(name: str, value, dtype) -> pb_utils.Tensor:
-    return pb_utils.Tensor(name, np.asarray(value, dtype=dtype).reshape(1, -1))
-
-
-def _call(model: str, inputs: list, outputs: list[str]) -> pb_utils.InferenceResponse:
-    """One BLS call to a non-decoupled model; RuntimeError naming the model when it fails."""
-    response = pb_utils.InferenceRequest(model_name=model, requested_output_names=outputs, inputs=inputs).exec()
-    if response.has_error():
-        raise RuntimeError(f"{model}: {response.error().message()}")
-    return response
 
 
 class TritonPythonModel:
@@ -126,7 +107,7 @@ class TritonPythonModel:
             try:
                 job = self._parse(request)
             except RequestError as exc:
-                sender.send(_error(str(exc), invalid=True), flags=FINAL)
+                sender.send(error_response(str(exc), invalid=True), flags=FINAL)
                 continue
             self._serve(job, sender)
         return None
@@ -155,7 +136,7 @@ class TritonPythonModel:
                 f"max_tokens {max_tokens} is outside 1..{self.max_output_len} (this deployment's max_output_len)"
             )
         seed = optional_scalar(request, "random_seed")
-        stream_format = decode_text(request, "stream_format") if _has_input(request, "stream_format") else None
+        stream_format = decode_text(request, "stream_format") if has_input(request, "stream_format") else None
         if stream_format is not None and stream_format not in STREAM_FORMATS:
             raise RequestError(f"stream_format {stream_format!r} is neither {' nor '.join(STREAM_FORMATS)}")
         job = Synthesis(
@@ -177,18 +158,7 @@ class TritonPythonModel:
                 "stream_format 'overlapped' needs chunks that overlap, and this deployment's chunk_overlap_seconds "
                 "is 0: ask for stream_format 'finished', or rebuild with -o chunk_overlap_seconds=0.1"
             )
-        limits = {
-            "temperature": job.temperature >= 0,
-            "top_k": job.top_k >= 0,
-            "top_p": 0 <= job.top_p <= 1,
-            "repetition_penalty": job.repetition_penalty > 0,
-        }
-        bad = [name for name, ok in limits.items() if not ok]
-        if bad:
-            raise RequestError(
-                f"{bad[0]} {getattr(job, bad[0]):g} is out of range (temperature >= 0, top_k >= 0, "
-                "0 <= top_p <= 1, repetition_penalty > 0)"
-            )
+        check_sampling(job.temperature, job.top_k, job.top_p, job.repetition_penalty)
         return job
 
     # --- serving it --------------------------------------------------------------------------------------------
@@ -205,9 +175,9 @@ class TritonPythonModel:
                 audio = self._vocode(global_codes, codes)
                 sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio.reshape(1, -1))]), FINAL)
         except RequestError as exc:
-            sender.send(_error(str(exc), invalid=True), flags=FINAL)
+            sender.send(error_response(str(exc), invalid=True), flags=FINAL)
         except Exception as exc:  # anything else is the server's fault; the model keeps serving
-            sender.send(_error(f"spark_tts failed: {type(exc).__name__}: {exc}", invalid=False), flags=FINAL)
+            sender.send(error_response(f"spark_tts failed: {type(exc).__name__}: {exc}", invalid=False), flags=FINAL)
 
     def _prompt(self, job: Synthesis) -> tuple[np.ndarray, np.ndarray]:
         """The reference's global tokens and the LLM prompt; RequestError when the prompt cannot fit."""
@@ -215,9 +185,12 @@ class TritonPythonModel:
         text_ids = self.codec.text_ids(job.reference_text if with_transcript else "", job.target_text)
         expected = semantic_tokens_for(job.wav.size) if with_transcript else None
         self._check_prompt_length(self.codec.prompt_length(text_ids, expected), expected or 0, job)
-        response = _call(
+        response = call_model(
             "audio_tokenizer",
-            [_tensor("reference_wav", job.wav, np.float32), _tensor("reference_wav_len", [job.wav.size], np.int32)],
+            [
+                row_tensor("reference_wav", job.wav, np.float32),
+                row_tensor("reference_wav_len", [job.wav.size], np.int32),
+            ],
             ["global_tokens", "semantic_tokens"],
         )
         global_codes = pb_utils.get_output_tensor_by_name(response, "global_tokens").as_numpy().reshape(-1)
@@ -250,23 +223,23 @@ class TritonPythonModel:
         """The ids the LLM generates after ``prompt``: ``max_tokens`` of them, fewer when it ends; ``segment``
         counts the calls of a streamed answer."""
         inputs = [
-            _tensor("input_ids", prompt, np.int32),
-            _tensor("input_lengths", [prompt.size], np.int32),
-            _tensor("request_output_len", [max_tokens], np.int32),
-            _tensor("end_id", [self.codec.eos_id], np.int32),
-            _tensor("pad_id", [self.codec.pad_id], np.int32),
-            _tensor("streaming", [False], np.bool_),
-            _tensor("temperature", [job.temperature], np.float32),
-            _tensor("runtime_top_k", [job.top_k], np.int32),
-            _tensor("runtime_top_p", [job.top_p], np.float32),
-            _tensor("repetition_penalty", [job.repetition_penalty], np.float32),
+            row_tensor("input_ids", prompt, np.int32),
+            row_tensor("input_lengths", [prompt.size], np.int32),
+            row_tensor("request_output_len", [max_tokens], np.int32),
+            row_tensor("end_id", [self.codec.eos_id], np.int32),
+            row_tensor("pad_id", [self.codec.pad_id], np.int32),
+            row_tensor("streaming", [False], np.bool_),
+            row_tensor("temperature", [job.temperature], np.float32),
+            row_tensor("runtime_top_k", [job.top_k], np.int32),
+            row_tensor("runtime_top_p", [job.top_p], np.float32),
+            row_tensor("repetition_penalty", [job.repetition_penalty], np.float32),
         ]
         seed = job.seed
         if self.seed_per_segment and segment:  # the engine's default seed when none was asked for is 0
             seed = segment_seed(job.seed or 0, segment)
         if seed is not None:
-            inputs.append(_tensor(self.llm_seed_input, [seed], np.uint64))
-        response = _call(self.llm_model, inputs, ["output_ids", "sequence_length"])
+            inputs.append(row_tensor(self.llm_seed_input, [seed], np.uint64))
+        response = call_model(self.llm_model, inputs, ["output_ids", "sequence_length"])
         ids = pb_utils.get_output_tensor_by_name(response, "output_ids").as_numpy()
         lengths = pb_utils.get_output_tensor_by_name(response, "sequence_length")
         return first_sequence(ids, None if lengths is None else lengths.as_numpy()).astype(np.int32)
@@ -297,9 +270,9 @@ class TritonPythonModel:
         sender.send(flags=FINAL)
 
     def _vocode(self, global_codes: np.ndarray, codes: np.ndarray) -> np.ndarray:
-        response = _call(
+        response = call_model(
             "vocoder",
-            [_tensor("global_tokens", global_codes, np.int32), _tensor("semantic_tokens", codes, np.int32)],
+            [row_tensor("global_tokens", global_codes, np.int32), row_tensor("semantic_tokens", codes, np.int32)],
             ["waveform"],
         )
         return pb_utils.get_output_tensor_by_name(response, "waveform").as_numpy().reshape(-1)

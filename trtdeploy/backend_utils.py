@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 #: Spellings of true and false in config parameters and ``-o`` options.
@@ -168,3 +168,46 @@ def segment_seed(seed: int, segment: int) -> int:
     mixed = ((mixed ^ (mixed >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     mixed = ((mixed ^ (mixed >> 27)) * 0x94D049BB133111EB) & _MASK64
     return mixed ^ (mixed >> 31)
+
+
+def generate_segment(
+    model: str,
+    prompt: Any,
+    max_tokens: int,
+    *,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    repetition_penalty: float,
+    seed: int | None,
+    seed_input: str,
+    segment: int = 0,
+    seed_per_segment: bool = False,
+    extra: Sequence[Any] = (),
+) -> Any:
+    """The ids an LLM-contract model generates after ``prompt`` in one non-decoupled call: ``max_tokens`` of them,
+    fewer when it ends. ``segment`` counts the calls of an answer asked for in segments; on an engine whose noise
+    restarts with each request (``seed_per_segment``) each segment gets its own seed (:func:`segment_seed`).
+    ``extra``: more input tensors (end and pad ids, stop words, a bias...)."""
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    inputs = [
+        row_tensor("input_ids", prompt, np.int32),
+        row_tensor("input_lengths", [len(prompt)], np.int32),
+        row_tensor("request_output_len", [max_tokens], np.int32),
+        row_tensor("streaming", [False], np.bool_),
+        row_tensor("temperature", [temperature], np.float32),
+        row_tensor("runtime_top_k", [top_k], np.int32),
+        row_tensor("runtime_top_p", [top_p], np.float32),
+        row_tensor("repetition_penalty", [repetition_penalty], np.float32),
+        *extra,
+    ]
+    if seed_per_segment and segment:  # the engine's default seed when none was asked for is 0
+        seed = segment_seed(seed or 0, segment)
+    if seed is not None:
+        inputs.append(row_tensor(seed_input, [seed], np.uint64))
+    response = call_model(model, inputs, ["output_ids", "sequence_length"])
+    lengths = pb_utils.get_output_tensor_by_name(response, "sequence_length")
+    ids = pb_utils.get_output_tensor_by_name(response, "output_ids").as_numpy()
+    return first_sequence(ids, None if lengths is None else lengths.as_numpy()).astype(np.int64)

@@ -30,7 +30,7 @@ from trtdeploy.backend_utils import (
     check_sampling,
     decode_text,
     error_response,
-    first_sequence,
+    generate_segment,
     has_input,
     optional_scalar,
     reference_wav,
@@ -252,34 +252,28 @@ class TritonPythonModel:
         """The ids the LLM generates after ``prompt``: ``max_tokens`` of them, fewer when it ends (its stop token
         kept); no stop before ``min_tokens``. ``segment`` counts the calls of a streamed answer."""
         stops = self.layout.stop_ids
-        inputs = [
-            row_tensor("input_ids", prompt, np.int32),
-            row_tensor("input_lengths", [prompt.size], np.int32),
-            row_tensor("request_output_len", [max_tokens], np.int32),
-            row_tensor("pad_id", [stops[0]], np.int32),
-            row_tensor("streaming", [False], np.bool_),
-            row_tensor("temperature", [job.temperature], np.float32),
-            row_tensor("runtime_top_k", [job.top_k], np.int32),
-            row_tensor("runtime_top_p", [job.top_p], np.float32),
-            row_tensor("repetition_penalty", [job.repetition_penalty], np.float32),
-            row_tensor("embedding_bias", self.bias, np.float32),
-        ]
+        extra = [row_tensor("pad_id", [stops[0]], np.int32), row_tensor("embedding_bias", self.bias, np.float32)]
         if not self.llm_reads_end_tokens:
-            inputs.append(row_tensor("end_id", [stops[0]], np.int32))
+            extra.append(row_tensor("end_id", [stops[0]], np.int32))
             if len(stops) > 1:  # every other stop token as a one-token stop word: [ids], [end offsets]
                 words = np.array([[list(stops[1:]), list(range(1, len(stops)))]], dtype=np.int32)
-                inputs.append(pb_utils.Tensor("stop_words_list", words))
+                extra.append(pb_utils.Tensor("stop_words_list", words))
         if min_tokens > 0:
-            inputs.append(row_tensor(self.llm_min_tokens_input, [min_tokens], np.int32))
-        seed = job.seed
-        if self.seed_per_segment and segment:  # the engine's default seed when none was asked for is 0
-            seed = segment_seed(job.seed or 0, segment)
-        if seed is not None:
-            inputs.append(row_tensor(self.llm_seed_input, [seed], np.uint64))
-        response = call_model(self.llm_model, inputs, ["output_ids", "sequence_length"])
-        lengths = pb_utils.get_output_tensor_by_name(response, "sequence_length")
-        ids = first_sequence(_output(response, "output_ids"), None if lengths is None else lengths.as_numpy())
-        return ids.astype(np.int64)
+            extra.append(row_tensor(self.llm_min_tokens_input, [min_tokens], np.int32))
+        return generate_segment(
+            self.llm_model,
+            prompt,
+            max_tokens,
+            temperature=job.temperature,
+            top_k=job.top_k,
+            top_p=job.top_p,
+            repetition_penalty=job.repetition_penalty,
+            seed=job.seed,
+            seed_input=self.llm_seed_input,
+            segment=segment,
+            seed_per_segment=self.seed_per_segment,
+            extra=extra,
+        )
 
     def _speech_tokens(self, ids: np.ndarray) -> np.ndarray:
         """The speech tokens among the LLM's ids (up to the first stop token)."""

@@ -36,12 +36,11 @@ from trtdeploy.backend_utils import (
     check_sampling,
     decode_text,
     error_response,
-    first_sequence,
+    generate_segment,
     has_input,
     optional_scalar,
     reference_wav,
     row_tensor,
-    segment_seed,
 )
 
 from ..prompt import SAMPLE_RATE, SAMPLES_PER_TOKEN, TOKENS_PER_SECOND, PromptCodec, semantic_tokens_for
@@ -222,27 +221,24 @@ class TritonPythonModel:
     def _generate(self, job: Synthesis, prompt: np.ndarray, max_tokens: int, segment: int = 0) -> np.ndarray:
         """The ids the LLM generates after ``prompt``: ``max_tokens`` of them, fewer when it ends; ``segment``
         counts the calls of a streamed answer."""
-        inputs = [
-            row_tensor("input_ids", prompt, np.int32),
-            row_tensor("input_lengths", [prompt.size], np.int32),
-            row_tensor("request_output_len", [max_tokens], np.int32),
-            row_tensor("end_id", [self.codec.eos_id], np.int32),
-            row_tensor("pad_id", [self.codec.pad_id], np.int32),
-            row_tensor("streaming", [False], np.bool_),
-            row_tensor("temperature", [job.temperature], np.float32),
-            row_tensor("runtime_top_k", [job.top_k], np.int32),
-            row_tensor("runtime_top_p", [job.top_p], np.float32),
-            row_tensor("repetition_penalty", [job.repetition_penalty], np.float32),
-        ]
-        seed = job.seed
-        if self.seed_per_segment and segment:  # the engine's default seed when none was asked for is 0
-            seed = segment_seed(job.seed or 0, segment)
-        if seed is not None:
-            inputs.append(row_tensor(self.llm_seed_input, [seed], np.uint64))
-        response = call_model(self.llm_model, inputs, ["output_ids", "sequence_length"])
-        ids = pb_utils.get_output_tensor_by_name(response, "output_ids").as_numpy()
-        lengths = pb_utils.get_output_tensor_by_name(response, "sequence_length")
-        return first_sequence(ids, None if lengths is None else lengths.as_numpy()).astype(np.int32)
+        ids = generate_segment(
+            self.llm_model,
+            prompt,
+            max_tokens,
+            temperature=job.temperature,
+            top_k=job.top_k,
+            top_p=job.top_p,
+            repetition_penalty=job.repetition_penalty,
+            seed=job.seed,
+            seed_input=self.llm_seed_input,
+            segment=segment,
+            seed_per_segment=self.seed_per_segment,
+            extra=[
+                row_tensor("end_id", [self.codec.eos_id], np.int32),
+                row_tensor("pad_id", [self.codec.pad_id], np.int32),
+            ],
+        )
+        return ids.astype(np.int32)
 
     def _stream(self, job: Synthesis, global_codes: np.ndarray, prompt: np.ndarray, sender) -> None:
         """Ask the LLM for the tokens of the next chunk, vocode, send; until it ends or the cap is reached."""

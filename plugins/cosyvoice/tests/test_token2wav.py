@@ -366,3 +366,16 @@ def test_settings_that_do_not_shape_inference_are_ignored(cosyvoice_checkpoint, 
     text = path.read_text().replace("dropout_rate: 0.1", "dropout_rate: 0.3").replace("only_mask_loss: True", "")
     path.write_text(text.replace("training_cfg_rate: 0.2", "training_cfg_rate: 0.5"))
     assert Token2Wav.load(folder, "cosyvoice2").config == tiny_token2wav_config("cosyvoice2")
+
+
+def test_a_server_may_load_only_the_part_it_runs(cosyvoice_checkpoint):
+    vocoder_only = Token2Wav.load(cosyvoice_checkpoint("cosyvoice3"), "cosyvoice3", parts=["vocoder"])
+    whole = Token2Wav.load(cosyvoice_checkpoint("cosyvoice3"), "cosyvoice3")
+    mel = np.random.default_rng(0).standard_normal((80, 20)).astype(np.float32) - 5.0
+    np.testing.assert_array_equal(
+        vocoder_only.causal_speech([mel], finalize=True)[0], whole.causal_speech([mel], finalize=True)[0]
+    )
+    with pytest.raises(UsageError, match="loaded without its flow"):
+        vocoder_only.mels([request(0)], streaming=False, finalize=True)
+    with pytest.raises(UsageError, match="are not some of"):
+        Token2Wav.load(cosyvoice_checkpoint("cosyvoice3"), "cosyvoice3", parts=["encoder"])

@@ -52,6 +52,8 @@ class TritonPythonModel:
             params.str("generation"),
             device=device,
             dtype=dtype if device != "cpu" else torch.float32,
+            # CosyVoice3's audio is the vocoder model's
+            parts=["flow", "vocoder"] if params.str("generation") == "cosyvoice2" else ["flow"],
         )
         self.makes_audio = self.model.generation == "cosyvoice2"
 

@@ -15,9 +15,8 @@ from ..token2wav.model import Token2Wav
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         params = ModelParameters(args)
-        self.model = Token2Wav.load(
-            params.str("checkpoint_dir"), params.str("generation"), device=params.str("device", "cpu")
-        )
+        checkpoint, generation = params.str("checkpoint_dir"), params.str("generation")
+        self.model = Token2Wav.load(checkpoint, generation, device=params.str("device", "cpu"), parts=["vocoder"])
 
     def execute(self, requests: list) -> list:
         responses: list = [None] * len(requests)

@@ -15,7 +15,7 @@ computes in float64 (upstream converts that predictor to float64 before it runs)
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -79,9 +79,15 @@ class Token2WavConfig:
 
     def build(self) -> tuple[CosyVoice2Flow | CosyVoice3Flow, HiFTGenerator | CausalHiFTGenerator]:
         """The flow and the vocoder, freshly initialised."""
+        return self.build_flow(), self.build_vocoder()
+
+    def build_flow(self) -> CosyVoice2Flow | CosyVoice3Flow:
         if self.generation == "cosyvoice2":
-            return CosyVoice2Flow(self.flow, UNetEstimator(self.estimator)), HiFTGenerator(self.hift)
-        return CosyVoice3Flow(self.flow, DiTEstimator(self.estimator)), CausalHiFTGenerator(self.hift)
+            return CosyVoice2Flow(self.flow, UNetEstimator(self.estimator))
+        return CosyVoice3Flow(self.flow, DiTEstimator(self.estimator))
+
+    def build_vocoder(self) -> HiFTGenerator | CausalHiFTGenerator:
+        return HiFTGenerator(self.hift) if self.generation == "cosyvoice2" else CausalHiFTGenerator(self.hift)
 
 
 @dataclass(frozen=True, eq=False)
@@ -111,17 +117,33 @@ class Token2Wav:
     def __init__(
         self,
         config: Token2WavConfig,
-        flow: CosyVoice2Flow | CosyVoice3Flow,
-        vocoder: HiFTGenerator | CausalHiFTGenerator,
+        flow: CosyVoice2Flow | CosyVoice3Flow | None,
+        vocoder: HiFTGenerator | CausalHiFTGenerator | None,
         *,
+        device: str | torch.device = "cpu",
         max_batch: int = DEFAULT_MAX_BATCH,
     ):
         if max_batch < 1:
             raise UsageError(f"max_batch must be at least 1, not {max_batch}")
         self.config = config
-        self.flow = flow
-        self.vocoder = vocoder
+        self._flow_module = flow
+        self._vocoder_module = vocoder
+        self._device = torch.device(device)
         self.max_batch = max_batch
+
+    @property
+    def flow(self) -> CosyVoice2Flow | CosyVoice3Flow:
+        if self._flow_module is None:
+            raise UsageError("this token2wav was loaded without its flow", hint="load it with parts including 'flow'")
+        return self._flow_module
+
+    @property
+    def vocoder(self) -> HiFTGenerator | CausalHiFTGenerator:
+        if self._vocoder_module is None:
+            raise UsageError(
+                "this token2wav was loaded without its vocoder", hint="load it with parts including 'vocoder'"
+            )
+        return self._vocoder_module
 
     @property
     def generation(self) -> GenerationName:
@@ -129,7 +151,7 @@ class Token2Wav:
 
     @property
     def device(self) -> torch.device:
-        return self.flow.input_embedding.weight.device
+        return self._device
 
     @classmethod
     def load(
@@ -140,28 +162,37 @@ class Token2Wav:
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         max_batch: int = DEFAULT_MAX_BATCH,
+        parts: Collection[str] = ("flow", "vocoder"),
     ) -> Token2Wav:
         """Build the generation's modules from ``<generation>.yaml`` and load ``flow.pt`` and ``hift.pt`` strictly
-        (keys of ``hift.pt`` may carry the GAN trainer's ``generator.`` prefix). The flow is moved to ``dtype``; the
-        vocoder, its weight norm folded, stays float32 (CosyVoice3's F0 predictor float64)."""
+        (keys of ``hift.pt`` may carry the GAN trainer's ``generator.`` prefix); ``parts`` says which of the two
+        (a server that runs only the vocoder need not hold the flow). The flow is moved to ``dtype``; the vocoder,
+        its weight norm folded, stays float32 (CosyVoice3's F0 predictor float64)."""
         if generation not in ("cosyvoice2", "cosyvoice3"):
             raise UsageError(f"unknown CosyVoice generation {generation!r}", hint="use cosyvoice2 or cosyvoice3")
+        unknown = set(parts) - {"flow", "vocoder"}
+        if unknown or not parts:
+            raise UsageError(f"token2wav parts {sorted(parts)} are not some of 'flow' and 'vocoder'")
         folder = Path(checkpoint_dir)
         config = Token2WavConfig.from_yaml(folder / f"{generation}.yaml", generation)
-        flow, vocoder = config.build()
-        _load_weights(flow, folder / FLOW_WEIGHTS, _read_state(folder / FLOW_WEIGHTS))
-        vocoder_state = {
-            key.removeprefix(_GAN_PREFIX): value for key, value in _read_state(folder / VOCODER_WEIGHTS).items()
-        }
-        _load_weights(vocoder, folder / VOCODER_WEIGHTS, vocoder_state)
-        if isinstance(vocoder, CausalHiFTGenerator):
-            # upstream computes this predictor's weight norm in float64 on every call: folded in float64, the weights
-            # are the same to the bit (folded in float32, F0 differs by rounding that its phase integrates over time)
-            vocoder.f0_predictor.double()
-        vocoder.fold_weight_norm()
-        flow = flow.to(device=device, dtype=dtype).eval()
-        vocoder = vocoder.to(device=device).eval()
-        return cls(config, flow, vocoder, max_batch=max_batch)
+        flow = vocoder = None
+        if "flow" in parts:
+            flow = config.build_flow()
+            _load_weights(flow, folder / FLOW_WEIGHTS, _read_state(folder / FLOW_WEIGHTS))
+            flow = flow.to(device=device, dtype=dtype).eval()
+        if "vocoder" in parts:
+            vocoder = config.build_vocoder()
+            vocoder_state = {
+                key.removeprefix(_GAN_PREFIX): value for key, value in _read_state(folder / VOCODER_WEIGHTS).items()
+            }
+            _load_weights(vocoder, folder / VOCODER_WEIGHTS, vocoder_state)
+            if isinstance(vocoder, CausalHiFTGenerator):
+                # upstream computes this predictor's weight norm in float64 on every call: folded in float64, the
+                # weights are the same to the bit (folded in float32, F0 differs by rounding its phase integrates)
+                vocoder.f0_predictor.double()
+            vocoder.fold_weight_norm()
+            vocoder = vocoder.to(device=device).eval()
+        return cls(config, flow, vocoder, device=device, max_batch=max_batch)
 
     # -- the flow ----------------------------------------------------------------------------------------------------
 

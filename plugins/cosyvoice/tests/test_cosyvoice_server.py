@@ -32,30 +32,34 @@ def voice(seconds: float, seed: int = 0) -> np.ndarray:
     return synthetic_voice(seconds, np.random.default_rng(seed), 16000)
 
 
-def tts_inputs(
+def tts_arrays(
     wav: np.ndarray | None,
     target: bytes | None = LONG_TEXT,
     reference: bytes | None = b"A short reference sentence.",
     **scalars: tuple[object, str],
-) -> list[grpcclient.InferInput]:
+) -> list[tuple[str, np.ndarray, str]]:
     """The official client's request (reference_wav [1, N], reference_wav_len [1, 1], the texts [1, 1]) plus
-    optional scalars ``name=(value, TYPE)``."""
-
-    def tensor(name: str, array: np.ndarray, dtype: str) -> grpcclient.InferInput:
-        item = grpcclient.InferInput(name, list(array.shape), dtype)
-        item.set_data_from_numpy(array)
-        return item
-
-    inputs = []
+    optional scalars ``name=(value, TYPE)``, as (name, array, Triton type)."""
+    arrays = []
     if wav is not None:
-        inputs.append(tensor("reference_wav", wav.reshape(1, -1).astype(np.float32), "FP32"))
-        inputs.append(tensor("reference_wav_len", np.array([[wav.size]], dtype=np.int32), "INT32"))
+        arrays.append(("reference_wav", wav.reshape(1, -1).astype(np.float32), "FP32"))
+        arrays.append(("reference_wav_len", np.array([[wav.size]], dtype=np.int32), "INT32"))
     for name, value in (("reference_text", reference), ("target_text", target)):
         if value is not None:
-            inputs.append(tensor(name, np.array([[value]], dtype=object), "BYTES"))
+            arrays.append((name, np.array([[value]], dtype=object), "BYTES"))
     numpy_types = {"INT32": np.int32, "FP32": np.float32, "UINT64": np.uint64, "BYTES": object}
     for name, (value, dtype) in scalars.items():
-        inputs.append(tensor(name, np.array([[value]], dtype=numpy_types[dtype]), dtype))
+        arrays.append((name, np.array([[value]], dtype=numpy_types[dtype]), dtype))
+    return arrays
+
+
+def tts_inputs(*args, **kwargs) -> list[grpcclient.InferInput]:
+    """:func:`tts_arrays` as gRPC inputs."""
+    inputs = []
+    for name, array, dtype in tts_arrays(*args, **kwargs):
+        item = grpcclient.InferInput(name, list(array.shape), dtype)
+        item.set_data_from_numpy(array)
+        inputs.append(item)
     return inputs
 
 
@@ -93,18 +97,19 @@ def served(request, trtdeploy_deploy, trtdeploy_serve):
     deployment = trtdeploy_deploy(
         request.param, mode="streaming", max_input_len=1024, max_output_len=200, options=STREAM_OPTIONS
     )
-    return request.param, trtdeploy_serve(deployment).grpc_url
+    server = trtdeploy_serve(deployment)
+    return request.param, server.grpc_url, server.http_url
 
 
 def test_offline_audio_is_24_khz_with_the_length_the_tokens_imply(served):
-    generation, url = served
+    generation, url, _ = served
     audio = offline(url, f"{generation}_offline", tts_inputs(voice(2.0), max_tokens=(30, "INT32")))
     assert audio.dtype == np.float32 and audio.size == 30 * SAMPLES_PER_TOKEN
     assert np.isfinite(audio).all() and np.abs(audio).max() <= 0.99 and np.abs(audio).max() > 0
 
 
 def test_streamed_chunks_join_to_the_offline_length_and_stay_close_to_it(served):
-    generation, url = served
+    generation, url, _ = served
     inputs = {"max_tokens": (47, "INT32"), "random_seed": (7, "UINT64")}
     whole = offline(url, f"{generation}_offline", tts_inputs(voice(2.0), **inputs))
     chunks = streamed(url, generation, tts_inputs(voice(2.0), **inputs))
@@ -119,7 +124,7 @@ def test_streamed_chunks_join_to_the_offline_length_and_stay_close_to_it(served)
 
 
 def test_a_registered_voice_speaks_as_the_reference_did(served):
-    generation, url = served
+    generation, url, _ = served
     wav = voice(2.5, seed=3)
     seeded = {"max_tokens": (20, "INT32"), "random_seed": (11, "UINT64")}
     with_reference = offline(url, f"{generation}_offline", tts_inputs(wav, speaker_id=("alice", "BYTES"), **seeded))
@@ -133,7 +138,7 @@ def test_a_registered_voice_speaks_as_the_reference_did(served):
 
 def test_the_official_clients_zero_padding_past_reference_wav_len_changes_nothing(served):
     """client_grpc.py pads the reference with zeros to a whole number of seconds and sends the true length."""
-    generation, url = served
+    generation, url, _ = served
     wav, seeded = voice(1.7, seed=5), {"max_tokens": (15, "INT32"), "random_seed": (3, "UINT64")}
     padded = tts_inputs(np.concatenate([wav, np.zeros(16000 - wav.size % 16000, np.float32)]), **seeded)
     padded[1].set_data_from_numpy(np.array([[wav.size]], dtype=np.int32))  # reference_wav_len: the true length
@@ -141,8 +146,27 @@ def test_the_official_clients_zero_padding_past_reference_wav_len_changes_nothin
     np.testing.assert_array_equal(offline(url, f"{generation}_offline", padded), expected)
 
 
+def test_the_official_http_clients_request_gets_the_same_audio(served):
+    """client_http.py sends the same tensors as JSON over HTTP."""
+    import tritonclient.http as httpclient
+
+    generation, url, http_url = served
+    wav, seeded = voice(1.5, seed=8), {"max_tokens": (12, "INT32"), "random_seed": (5, "UINT64")}
+    inputs = []
+    for name, array, dtype in tts_arrays(wav, **seeded):
+        item = httpclient.InferInput(name, list(array.shape), dtype)
+        item.set_data_from_numpy(array, binary_data=False)  # JSON, as client_http.py sends it
+        inputs.append(item)
+    client = httpclient.InferenceServerClient(http_url)
+    try:
+        audio = client.infer(f"{generation}_offline", inputs).as_numpy("waveform").reshape(-1)
+    finally:
+        client.close()
+    np.testing.assert_array_equal(audio, offline(url, f"{generation}_offline", tts_inputs(wav, **seeded)))
+
+
 def test_four_requests_at_once_each_get_their_audio(served):
-    generation, url = served
+    generation, url, _ = served
     caps = [12, 17, 22, 27]
 
     def ask(cap: int) -> np.ndarray:
@@ -168,7 +192,7 @@ def test_four_requests_at_once_each_get_their_audio(served):
     ],
 )
 def test_bad_input_gets_a_clear_error_and_the_server_keeps_serving(served, inputs, message):
-    generation, url = served
+    generation, url, _ = served
     with pytest.raises(InferenceServerException, match=message):
         offline(url, f"{generation}_offline", inputs())
     audio = offline(url, f"{generation}_offline", tts_inputs(voice(1.0), max_tokens=(5, "INT32")))

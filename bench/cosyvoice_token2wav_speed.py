@@ -9,6 +9,9 @@ batch):
 - the first streamed chunk: the flow over the prompt and the first 15 tokens (+3 read ahead) with chunk-causal
   attention, then the vocoder: what token2wav adds to the first chunk's latency.
 
+On a GPU the flow's solver replays CUDA graphs (``--eager``: without them); the script first checks that the graphed
+flow gives the eager flow's mel (max abs difference printed).
+
     PYTHONPATH=plugins/cosyvoice python bench/cosyvoice_token2wav_speed.py [--generation cosyvoice2]
         [--precision fp16] [--batch 1,4,16] [--workdir DIR]
 """
@@ -72,19 +75,30 @@ def main() -> None:
     parser.add_argument("--prompt-seconds", type=float, default=3.0)
     parser.add_argument("--target-seconds", type=float, default=10.0)
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--eager", action="store_true", help="no CUDA graphs for the flow's solver")
     args = parser.parse_args()
     folder = args.workdir or Path(tempfile.mkdtemp(prefix="token2wav-"))
     if not (folder / "flow.pt").is_file():
         print(f"writing a random {args.generation} token2wav at the released sizes into {folder} ...", flush=True)
         write_random_token2wav(folder, args.generation, full_size=True)
     dtype = DTYPES[args.precision] if args.device != "cpu" else torch.float32
-    model = Token2Wav.load(folder, args.generation, device=args.device, dtype=dtype)
+    model = Token2Wav.load(folder, args.generation, device=args.device, dtype=dtype, cuda_graphs=not args.eager)
+    if args.device == "cuda" and not args.eager:
+        eager = Token2Wav.load(folder, args.generation, device=args.device, dtype=dtype, cuda_graphs=False)
+        for streaming, finalize, tokens in ((False, True, 250), (True, False, FIRST_CHUNK + LOOKAHEAD)):
+            check = jobs(3, 75, tokens, seed=9)
+            graphed = model.mels(check, streaming=streaming, finalize=finalize)
+            expected = eager.mels(check, streaming=streaming, finalize=finalize)
+            difference = max(float(np.abs(a - b).max()) for a, b in zip(graphed, expected, strict=True))
+            print(f"graphed vs eager flow (streaming={streaming}): max abs mel difference {difference:.2e}")
+        del eager
     name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     prompt = round(args.prompt_seconds * TOKENS_PER_SECOND)
     target = round(args.target_seconds * TOKENS_PER_SECOND)
     flow_type = str(dtype).removeprefix("torch.")
     print(f"{name}, {args.generation} token2wav, flow in {flow_type}, vocoder in float32; prompt {prompt} tokens, "
           f"target {target} tokens ({args.target_seconds:g} s)")  # fmt: skip
+    print(f"flow solver: {'eager' if args.eager or args.device != 'cuda' else 'CUDA graphs'}")
     print("batch | offline: flow   vocoder   RTF    | first chunk: flow  vocoder")
     for batch in (int(value) for value in args.batch.split(",")):
         whole = jobs(batch, prompt, target)

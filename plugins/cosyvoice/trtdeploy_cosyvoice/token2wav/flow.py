@@ -25,6 +25,7 @@ share them.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -113,6 +114,8 @@ class _TokenFlow(nn.Module, ABC):
         self.input_embedding = nn.Embedding(vocab_size, input_size)
         self.spk_embed_affine_layer = nn.Linear(spk_embed_dim, output_size)
         self.decoder = ConditionalFlowMatching(estimator, cfm_params, mel_bins=output_size)
+        #: What runs ``decoder``'s solver in its place, with the same arguments (a runtime's CUDA graphs), or None.
+        self.solver: Callable[..., torch.Tensor] | None = None
 
     @abstractmethod
     def _mu(
@@ -159,7 +162,8 @@ class _TokenFlow(nn.Module, ABC):
         cond = torch.zeros_like(mu)
         cond[:, : prompt_mels.size(1)] = prompt_mels * in_prompt.to(prompt_mels.dtype)
         mask = padding_mask(mel_lengths, frames)[:, None, :].to(mu.dtype)
-        mel = self.decoder(mu.transpose(1, 2).contiguous(), mask, speakers, cond.transpose(1, 2), streaming=streaming)
+        solve = self.solver or self.decoder
+        mel = solve(mu.transpose(1, 2).contiguous(), mask, speakers, cond.transpose(1, 2), streaming=streaming)
         starts, ends = prompt_mel_lengths.tolist(), mel_lengths.tolist()
         return [mel[row, :, start:end] for row, (start, end) in enumerate(zip(starts, ends, strict=True))]
 

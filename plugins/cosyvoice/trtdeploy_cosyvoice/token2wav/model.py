@@ -163,6 +163,7 @@ class Token2Wav:
         dtype: torch.dtype = torch.float32,
         max_batch: int = DEFAULT_MAX_BATCH,
         parts: Collection[str] = ("flow", "vocoder"),
+        cuda_graphs: bool = True,
     ) -> Token2Wav:
         """Build the generation's modules from ``<generation>.yaml`` and load ``flow.pt`` and ``hift.pt`` strictly
         (keys of ``hift.pt`` may carry the GAN trainer's ``generator.`` prefix); ``parts`` says which of the two
@@ -180,6 +181,8 @@ class Token2Wav:
             flow = config.build_flow()
             _load_weights(flow, folder / FLOW_WEIGHTS, _read_state(folder / FLOW_WEIGHTS))
             flow = flow.to(device=device, dtype=dtype).eval()
+            if cuda_graphs and torch.device(device).type == "cuda":
+                flow.solver = GraphedSolver(flow.decoder, max_batch=max_batch)
         if "vocoder" in parts:
             vocoder = config.build_vocoder()
             vocoder_state = {
@@ -376,6 +379,61 @@ class Token2Wav:
                 f"{method}() is {generation}'s vocoder, and this token2wav is {self.generation}'s",
                 hint=f"call {other}() for {self.generation}",
             )
+
+
+class GraphedSolver:
+    """The flow's solver (10 estimator steps, each a few hundred kernels) replayed as a CUDA graph per (batch,
+    frames, streaming) bucket: eagerly, a short request costs as much in launches as a long one.
+
+    A call's rows are right-padded to the bucket's frames (the padding is masked: each row's frames are what they
+    are alone) and its batch to the bucket's rows with copies of its first row. Graphs are captured on first use and
+    share one memory pool (calls are replayed one at a time). Requests longer than ``max_frames`` run eagerly.
+    """
+
+    def __init__(self, solver: nn.Module, *, max_batch: int, max_frames: int = 2048, frame_step: int = 128):
+        self.solver, self.max_batch, self.max_frames, self.frame_step = solver, max_batch, max_frames, frame_step
+        self._graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor]] = {}
+        self._pool = torch.cuda.graph_pool_handle()
+
+    def __call__(
+        self, mu: torch.Tensor, mask: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor, *, streaming: bool
+    ) -> torch.Tensor:
+        batch, _, frames = mu.shape
+        if frames > self.max_frames or batch > self.max_batch:
+            return self.solver(mu, mask, spks, cond, streaming=streaming)
+        rows = min(1 << (batch - 1).bit_length(), self.max_batch)
+        key = (rows, -(-frames // self.frame_step) * self.frame_step, streaming)
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(*key, like=(mu, mask, spks, cond))
+        graph, inputs, output = self._graphs[key]
+        for static, value in zip(inputs, (mu, mask, spks, cond), strict=True):
+            static.zero_()
+            static[:batch, ..., : value.shape[-1] if value.dim() == 3 else None].copy_(value)
+            static[batch:] = static[:1]
+        graph.replay()
+        return output[:batch, :, :frames].clone()
+
+    def _capture(
+        self, rows: int, frames: int, streaming: bool, *, like: tuple[torch.Tensor, ...]
+    ) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor]:
+        mu, mask, spks, cond = like
+        inputs = [
+            torch.zeros(rows, mu.shape[1], frames, dtype=mu.dtype, device=mu.device),
+            torch.zeros(rows, 1, frames, dtype=mask.dtype, device=mask.device),
+            torch.zeros(rows, spks.shape[1], dtype=spks.dtype, device=spks.device),
+            torch.zeros(rows, cond.shape[1], frames, dtype=cond.dtype, device=cond.device),
+        ]
+        inputs[1][:, :, :1] = 1  # a valid frame in every row: warm-up runs see no fully masked row
+        side = torch.cuda.Stream(mu.device)
+        side.wait_stream(torch.cuda.current_stream(mu.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm-up: cuBLAS/cuDNN choose their kernels outside the capture
+                self.solver(*inputs, streaming=streaming)
+        torch.cuda.current_stream(mu.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            output = self.solver(*inputs, streaming=streaming)
+        return graph, inputs, output
 
 
 def _batches(rows: Iterable[int], size: int) -> Iterator[list[int]]:

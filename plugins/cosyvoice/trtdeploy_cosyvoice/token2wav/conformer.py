@@ -44,14 +44,20 @@ def padding_mask(lengths: torch.Tensor, max_length: int) -> torch.Tensor:
     return torch.arange(max_length, device=lengths.device)[None, :] < lengths[:, None]
 
 
+def chunk_visibility(frames: int, chunk_size: int, device: torch.device) -> torch.Tensor:
+    """Bool ``[T, T]``: query ``i`` sees key ``j`` when ``j`` is before the end of ``i``'s chunk (chunks counted from
+    frame 0, every earlier chunk visible)."""
+    positions = torch.arange(frames, device=device)
+    chunk_end = (positions // chunk_size + 1) * chunk_size
+    return positions[None, :] < chunk_end[:, None]
+
+
 def attention_mask(lengths: torch.Tensor, max_length: int, chunk_size: int | None) -> torch.Tensor:
     """Bool keys mask: ``[B, 1, T]`` (padding only) or, with a chunk size, ``[B, T, T]`` block-causal and padding."""
     keys = padding_mask(lengths, max_length)[:, None, :]
     if chunk_size is None:
         return keys
-    positions = torch.arange(max_length, device=lengths.device)
-    chunk_end = (positions // chunk_size + 1) * chunk_size
-    return keys & (positions[None, :] < chunk_end[:, None])[None]
+    return keys & chunk_visibility(max_length, chunk_size, lengths.device)[None]
 
 
 def relative_position_table(length: int, d_model: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:

@@ -20,7 +20,7 @@ from torch import nn
 
 from trtdeploy.errors import UsageError
 
-from .unet import sinusoidal_time_embedding
+from .unet import frame_attention_mask, sinusoidal_time_embedding
 
 #: Width of the sinusoidal time embedding, before its MLP.
 _TIME_FREQUENCY_DIM = 256
@@ -83,21 +83,6 @@ class DiTEstimatorConfig:
     def input_channels(self) -> int:
         """Channels of ``[x, cond, mu, spks]`` concatenated per frame."""
         return 2 * self.mel_dim + self.mu_dim + self.spk_dim
-
-
-def attention_mask(mask: torch.Tensor, chunk_size: int | None) -> torch.Tensor:
-    """Which keys each query sees, ``[B, 1, M, M]`` boolean (broadcast over heads), from the frame mask ``[B, 1, M]``.
-
-    A query sees every valid key of its row, or with ``chunk_size``, only those before the end of its own chunk
-    (chunks counted from frame 0, all earlier chunks visible).
-    """
-    frames = mask.shape[-1]
-    visible = mask.bool().unsqueeze(2).expand(-1, -1, frames, -1)
-    if chunk_size is not None:
-        position = torch.arange(frames, device=mask.device)
-        chunk_end = (position // chunk_size + 1) * chunk_size
-        visible = visible & (position.unsqueeze(0) < chunk_end.unsqueeze(1))
-    return visible
 
 
 def _modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -290,7 +275,7 @@ class DiTEstimator(nn.Module):
         ``[B, spk_dim]``. ``streaming`` limits attention to chunks of ``static_chunk_size`` frames."""
         time = self.time_embed(t)
         hidden = self.input_embed(x.transpose(1, 2), cond.transpose(1, 2), mu.transpose(1, 2), spks)
-        visible = attention_mask(mask, self.config.static_chunk_size if streaming else None)
+        visible = frame_attention_mask(mask, self.config.static_chunk_size if streaming else None)
         valid_frames = mask.bool().transpose(1, 2)
         angles = self.rotary_embed.angles(hidden.shape[1])
         for block in self.transformer_blocks:

@@ -21,6 +21,8 @@ from torch import nn
 
 from trtdeploy.errors import UsageError
 
+from .conformer import chunk_visibility
+
 #: The time in [0, 1] is scaled by this before its sinusoidal embedding.
 TIME_EMBEDDING_SCALE = 1000.0
 #: The attention score bias of a key a query may not see. In float16 it saturates to -inf, as it does in the
@@ -99,19 +101,20 @@ def sinusoidal_time_embedding(t: torch.Tensor, dim: int, dtype: torch.dtype) -> 
     return torch.cat([angles.sin(), angles.cos()], dim=-1).to(dtype)
 
 
-def attention_bias(mask: torch.Tensor, chunk_size: int | None, dtype: torch.dtype) -> torch.Tensor:
-    """The additive attention bias ``[B, 1, M, M]`` (broadcast over heads) from the frame mask ``[B, 1, M]``.
-
-    A query sees every valid key of its row, or with ``chunk_size``, only those before the end of its own chunk
-    (chunks counted from frame 0, all earlier chunks visible).
-    """
+def frame_attention_mask(mask: torch.Tensor, chunk_size: int | None) -> torch.Tensor:
+    """Which keys each query sees, ``[B, 1, M, M]`` boolean (broadcast over heads), from the frame mask ``[B, 1, M]``:
+    every valid key of its row, or with ``chunk_size``, only those before the end of its own chunk
+    (:func:`~.conformer.chunk_visibility`)."""
     frames = mask.shape[-1]
     visible = mask.bool().unsqueeze(2).expand(-1, -1, frames, -1)
     if chunk_size is not None:
-        position = torch.arange(frames, device=mask.device)
-        chunk_end = (position // chunk_size + 1) * chunk_size
-        visible = visible & (position.unsqueeze(0) < chunk_end.unsqueeze(1))
-    return torch.where(visible, 0.0, MASKED_KEY_BIAS).to(dtype)
+        visible = visible & chunk_visibility(frames, chunk_size, mask.device)
+    return visible
+
+
+def attention_bias(mask: torch.Tensor, chunk_size: int | None, dtype: torch.dtype) -> torch.Tensor:
+    """The additive attention bias ``[B, 1, M, M]`` of :func:`frame_attention_mask`: 0 where a key is seen."""
+    return torch.where(frame_attention_mask(mask, chunk_size), 0.0, MASKED_KEY_BIAS).to(dtype)
 
 
 class TimestepMLP(nn.Module):

@@ -92,6 +92,18 @@ def test_rows_of_one_request_share_their_settings(extra, message):
     assert parse(tensors([[1], [2]], temperature=[[0.5], [0.5]])).sampling.temperature == 0.5
 
 
+def test_a_vocabulary_wide_bias_is_shared_by_rows_that_repeat_it_masks_and_all():
+    bias = np.full(158336, -np.inf, dtype=np.float32)
+    bias[100:6661] = np.linspace(-1, 1, 6561)
+    bias[7] = np.nan
+    request = parse(tensors([[1], [2]], embedding_bias=np.stack([bias, bias])))
+    assert np.array_equal(request.embedding_bias, bias, equal_nan=True)
+    other = bias.copy()
+    other[200] = 0.5
+    with pytest.raises(ValueError, match="embedding_bias differs between the 2 rows"):
+        parse(tensors([[1], [2]], embedding_bias=np.stack([bias, other])))
+
+
 @pytest.mark.parametrize(
     ("rows", "extra", "message"),
     [

@@ -37,20 +37,20 @@ OFFICIAL_L20 = {
 }
 
 
-def stage_ms(level: dict) -> dict[str, float]:
-    """Server time per TTS request spent in each stage (its requests x their average time / TTS requests), and
-    the rest of the latency: the LLM (a decoupled model's server statistics time only its ``execute``, which hands
-    the request to the decode loop, so the LLM's time is what the other stages leave). Streaming overlaps the
+def stage_ms(level: dict, stages: tuple[str, ...] = STAGES) -> dict[str, float]:
+    """Server time per TTS request spent in each of ``stages`` (its requests x their average time / TTS
+    requests), and what they leave of the average latency: the LLM and the rest (the torch engine's server
+    statistics time only its ``execute``, which hands the request to the decode loop). Streaming overlaps the
     vocoder with the LLM, so there the rest undercounts the LLM."""
     models = level["server"].get("models", {})
     done = max(level["completed"], 1)
-    stages = {
+    found = {
         stage: models[stage]["requests"] * (models[stage]["avg_request_ms"] or 0.0) / done
-        for stage in STAGES
+        for stage in stages
         if stage in models
     }
-    stages["llm_and_rest"] = level["e2e_ms"]["mean"] - sum(stages.values())
-    return stages
+    found["llm_and_rest"] = level["e2e_ms"]["mean"] - sum(found.values())
+    return found
 
 
 class PrintProgress:

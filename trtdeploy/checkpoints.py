@@ -37,6 +37,17 @@ class TinyShape:
     vocab_size: int = 512  # at least the tokenizer's size; rounded up like real checkpoints pad their vocab
 
 
+#: Qwen2(.5)-0.5B, the LLM inside Spark-TTS and CosyVoice, for benchmarks at the real size.
+QWEN2_0_5B = TinyShape(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=151936,
+)
+
+
 def write_bpe_tokenizer(
     dest: Path,
     *,
@@ -47,10 +58,13 @@ def write_bpe_tokenizer(
     tokenizer_class: str = "Qwen2Tokenizer",
     vocab_size: int = 400,
     chat_template: str | None = QWEN_CHAT_TEMPLATE,
+    pad_vocab_to: int | None = None,
 ) -> int:
     """Train a small byte-level BPE tokenizer and save it as a Qwen2-style tokenizer; returns its size.
 
     ``added_tokens`` are extra special tokens added after training (Spark-TTS's ``<|bicodec_semantic_0|>`` …).
+    ``pad_vocab_to`` fills the vocabulary with tokens no text maps to (``<|filler_N|>``, without merges), up to that
+    many before the added tokens: they get the ids they have in a real vocabulary of that size.
     """
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -64,6 +78,11 @@ def write_bpe_tokenizer(
         show_progress=False,
     )
     tokenizer.train_from_iterator(list(_CORPUS) * 8, trainer)
+    if pad_vocab_to is not None and pad_vocab_to > tokenizer.get_vocab_size():
+        data = json.loads(tokenizer.to_str())
+        vocab = data["model"]["vocab"]
+        vocab.update({f"<|filler_{index}|>": index for index in range(len(vocab), pad_vocab_to)})
+        tokenizer = Tokenizer.from_str(json.dumps(data))
     if added_tokens:
         tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in added_tokens])
     dest.mkdir(parents=True, exist_ok=True)
@@ -93,12 +112,16 @@ def write_random_causal_lm(
     seed: int = 0,
     max_position_embeddings: int = 4096,
     dtype: str = "float32",
+    text_tokens: int | None = None,
 ) -> None:
-    """Write config.json, model.safetensors, generation_config.json and a tokenizer for a random causal LM."""
+    """Write config.json, model.safetensors, generation_config.json and a tokenizer for a random causal LM.
+
+    ``text_tokens``: the tokenizer's vocabulary is padded to that many tokens (see :func:`write_bpe_tokenizer`).
+    """
     import torch
     import transformers
 
-    tokenizer_size = write_bpe_tokenizer(dest, added_tokens=added_tokens)
+    tokenizer_size = write_bpe_tokenizer(dest, added_tokens=added_tokens, pad_vocab_to=text_tokens)
     vocab_size = max(shape.vocab_size, -(-tokenizer_size // 64) * 64)
     from transformers import AutoTokenizer
 

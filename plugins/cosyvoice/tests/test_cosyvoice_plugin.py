@@ -1,8 +1,10 @@
 """The two registered models: their settings, the checkpoint they accept, the models a deployment holds."""
 
+from dataclasses import replace
+
 import pytest
 
-from trtdeploy import UsageError
+from trtdeploy import UsageError, build
 from trtdeploy.plugins import get_model
 
 
@@ -28,3 +30,20 @@ def test_cosyvoice3_adds_its_vocoder_and_streaming_adds_the_offline_entry():
     assert get_model("cosyvoice3").triton_models("streaming") == (
         "audio_tokenizer", "speaker_embedding", "token2wav", "cosyvoice3", "vocoder", "cosyvoice3_offline",
     )  # fmt: skip
+
+
+def test_a_streaming_deployment_sizes_its_offline_entry_apart(cosyvoice_checkpoint, tmp_path):
+    request = build.BuildRequest(
+        model="cosyvoice2",
+        model_dir=cosyvoice_checkpoint("cosyvoice2"),
+        gpu="cpu",
+        mode="streaming",
+        output_root=tmp_path / "deployments",
+        options={"bls_instances": "6", "offline_instances": "2"},
+    )
+    configs = build.render_repository(build.plan(request, dry_run=True).templates, tmp_path / "repo")
+    assert "count: 6 kind: KIND_CPU" in configs["cosyvoice2"].read_text()
+    assert "count: 2 kind: KIND_CPU" in configs["cosyvoice2_offline"].read_text()
+    unset = build.plan(replace(request, options={"bls_instances": "6"}), dry_run=True)
+    configs = build.render_repository(unset.templates, tmp_path / "repo-default")
+    assert "count: 6 kind: KIND_CPU" in configs["cosyvoice2_offline"].read_text()

@@ -11,13 +11,9 @@ import sys
 import numpy as np
 import pytest
 import torch
+from trtdeploy_cosyvoice.generations import SPEECH_TOKENIZER_FILES
 from trtdeploy_cosyvoice.speaker import CAMPPLUS
-from trtdeploy_cosyvoice.speech_tokens import (
-    SPEECH_TOKENIZER_FILES,
-    SpeechTokenizer,
-    import_s3tokenizer,
-    new_s3tokenizer_model,
-)
+from trtdeploy_cosyvoice.speech_tokens import SpeechTokenizer, import_s3tokenizer, new_s3tokenizer_model
 
 from trtdeploy import UsageError
 

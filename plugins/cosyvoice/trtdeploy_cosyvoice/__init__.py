@@ -18,10 +18,9 @@ import trtdeploy
 from trtdeploy import BuildContext, Deployment, Mode, ModelSpec, UsageError
 
 from .convert import BLANK_LLM, LLM_WEIGHTS, checkpoint_generation, convert_llm
-from .generations import GENERATIONS, GenerationName
+from .generations import GENERATIONS, SPEECH_TOKENIZER_FILES, GenerationName
 from .prompt_mel import SAMPLE_RATE
 from .speaker import CAMPPLUS
-from .speech_tokens import SPEECH_TOKENIZER_FILES
 
 if TYPE_CHECKING:
     from trtdeploy.perf.tts import TTSWorkload
@@ -66,6 +65,8 @@ class CosyVoiceOptions:
     max_chunk_tokens: int = 100
     #: Instances of the BLS entry (each serves one request at a time); 0: --max-batch-size.
     bls_instances: int = 0
+    #: Instances of ``<entry>_offline`` in a streaming deployment; 0: bls_instances.
+    offline_instances: int = 0
     tokenizer_instances: int = 1
     speaker_instances: int = 1
 
@@ -84,6 +85,7 @@ class CosyVoiceOptions:
             "chunk_growth": self.chunk_growth >= 1,
             "max_chunk_tokens": self.max_chunk_tokens >= self.first_chunk_tokens,
             "bls_instances": self.bls_instances >= 0,
+            "offline_instances": self.offline_instances >= 0,
             "tokenizer_instances": self.tokenizer_instances >= 1,
             "speaker_instances": self.speaker_instances >= 1,
         }
@@ -175,6 +177,7 @@ class CosyVoice(ModelSpec):
             )
         options["max_new_tokens"] = options["max_new_tokens"] or point.max_output_len
         options["bls_instances"] = options["bls_instances"] or point.max_batch_size
+        options["offline_instances"] = options["offline_instances"] or options["bls_instances"]
         options["generation"] = self.name
         # the torch engine ends on every stop token of the converted LLM (its generation_config end tokens) and bans
         # them all before min tokens; TensorRT-LLM's engines end on end_id alone, so the others go as stop words

@@ -5,19 +5,20 @@ the generation's speech table, head and, for CosyVoice2, sos/task_id table), ``C
 config, tokenizer and weights of its own, as published), ``campplus.onnx`` (a small speaker encoder with CAM++'s
 interface: fbank frames ``[1, T, 80]`` in, statistics pooled over time, a 192-d embedding out), the speech
 tokenizer (``speech_tokenizer_v2.onnx`` or ``speech_tokenizer_v3.onnx``, full size, as s3tokenizer reads it), and the
-token2wav: ``flow.pt`` and ``hift.pt`` with the yaml's ``flow`` and ``hift`` sections, tiny or at the released sizes.
+token2wav: ``flow.pt`` and ``hift.pt`` with the yaml's ``flow`` and ``hift`` sections. The LLM and token2wav are tiny
+or at the released sizes.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from trtdeploy.checkpoints import TinyShape, write_random_causal_lm
+from trtdeploy.checkpoints import QWEN2_0_5B, TinyShape, write_random_causal_lm
 
 from .convert import BLANK_LLM, LLM_WEIGHTS
-from .generations import GENERATIONS, SPEECH_TOKENS, GenerationName
+from .generations import GENERATIONS, SPEECH_TOKENIZER_FILES, SPEECH_TOKENS, GenerationName
 from .speaker import CAMPPLUS, EMBEDDING_DIM, MEL_BINS
 
 if TYPE_CHECKING:
@@ -25,36 +26,63 @@ if TYPE_CHECKING:
 
 #: Room for the tiny tokenizer (400 tokens) and CosyVoice3's 278 added specials.
 TINY_LLM = TinyShape(vocab_size=768)
+#: Tokens of the released CosyVoice-BlankEN tokenizer (Qwen2's 151,643 and 3 specials): the speech tokens of the
+#: converted LLM start at 151,663 (CosyVoice2) and 151,924 (CosyVoice3), as in the official conversions.
+BLANK_TOKENIZER_SIZE = 151646
 
 
-def write_random_checkpoint(dest: Path, generation: GenerationName, *, seed: int = 0) -> None:
-    """The whole checkpoint (its speech tokenizer at full size: several hundred MB)."""
-    from .speech_tokens import SPEECH_TOKENIZER_FILES  # torch's import with it: writing needs torch anyway
-
-    write_random_llm(dest, generation, seed=seed)
+def write_random_checkpoint(
+    dest: Path, generation: GenerationName, *, size: Literal["tiny", "full"] = "tiny", stops: bool = True, seed: int = 0
+) -> None:
+    """The whole checkpoint (its speech tokenizer at full size: several hundred MB). ``size="full"`` makes the LLM
+    and token2wav the released sizes (the speaker encoder stays small); ``stops=False``, see :func:`write_random_llm`.
+    """
+    write_random_llm(dest, generation, full_size=size == "full", stops=stops, seed=seed)
     _write_speaker_encoder(dest / CAMPPLUS, seed)
     write_random_speech_tokenizer(dest / SPEECH_TOKENIZER_FILES[generation], generation, seed=seed + 3)
-    write_random_token2wav(dest, generation, seed=seed + 4)
+    write_random_token2wav(dest, generation, full_size=size == "full", seed=seed + 4)
 
 
-def write_random_llm(dest: Path, generation: GenerationName, *, seed: int = 0) -> None:
-    """The yaml, ``llm.pt`` and ``CosyVoice-BlankEN/``: what the LLM's conversion reads."""
+def write_random_llm(
+    dest: Path, generation: GenerationName, *, full_size: bool = False, stops: bool = True, seed: int = 0
+) -> None:
+    """The yaml, ``llm.pt`` and ``CosyVoice-BlankEN/``: what the LLM's conversion reads. ``full_size``: Qwen2-0.5B
+    in bfloat16 with a tokenizer of BlankEN's size (most of its text tokens fillers), so the converted LLM has the
+    released vocabulary and head.
+
+    ``stops=False`` zeroes the head's rows of the stop tokens: their logit is 0 while the speech tokens' are random,
+    so a zero logit is never among the 50 highest of 6,561 (top-k, 50 by default) and each request makes exactly its
+    token cap of speech, which benchmarks of a given output length need.
+    """
     import torch
     import transformers
 
     spec = GENERATIONS[generation]
     blank = dest / BLANK_LLM
-    write_random_causal_lm(blank, shape=TINY_LLM, seed=seed, max_position_embeddings=32768)
+    write_random_causal_lm(
+        blank,
+        shape=QWEN2_0_5B if full_size else TINY_LLM,
+        seed=seed,
+        max_position_embeddings=32768,
+        dtype="bfloat16" if full_size else "float32",
+        text_tokens=BLANK_TOKENIZER_SIZE if full_size else None,
+    )
     config = transformers.AutoConfig.from_pretrained(str(blank), local_files_only=True)
+    dtype = torch.bfloat16 if full_size else torch.float32
     torch.manual_seed(seed + 1)  # llm.pt holds the trained LLM, not BlankEN's weights
-    qwen = transformers.Qwen2ForCausalLM(config)
+    qwen = transformers.Qwen2ForCausalLM(config).to(dtype)
     hidden = config.hidden_size
     state = {f"llm.model.{key}": value.detach().clone() for key, value in qwen.state_dict().items()}
-    state["speech_embedding.weight"] = torch.randn(spec.speech_rows, hidden) * 0.5
-    decoder = torch.nn.Linear(hidden, spec.speech_rows, bias=spec.sos_row is None)
+    state["speech_embedding.weight"] = (torch.randn(spec.speech_rows, hidden) * 0.5).to(dtype)
+    decoder = torch.nn.Linear(hidden, spec.speech_rows, bias=spec.sos_row is None).to(dtype)
+    if not stops:
+        with torch.no_grad():
+            decoder.weight[list(spec.stop_rows)] = 0
+            if decoder.bias is not None:
+                decoder.bias[list(spec.stop_rows)] = 0
     state.update({f"llm_decoder.{key}": value.detach().clone() for key, value in decoder.state_dict().items()})
     if spec.sos_row is None:
-        state["llm_embedding.weight"] = torch.randn(2, hidden) * 0.5
+        state["llm_embedding.weight"] = (torch.randn(2, hidden) * 0.5).to(dtype)
     torch.save(state, dest / LLM_WEIGHTS)
     (dest / f"{generation}.yaml").write_text(
         f"sample_rate: 24000\nllm_input_size: {hidden}\nllm_output_size: {hidden}\nspk_embed_dim: {EMBEDDING_DIM}\n"
@@ -109,7 +137,7 @@ def write_random_speech_tokenizer(path: Path, generation: GenerationName, *, see
     import torch
     from onnx import TensorProto, helper, numpy_helper
 
-    from .speech_tokens import SPEECH_TOKENIZER_FILES, new_s3tokenizer_model
+    from .speech_tokens import new_s3tokenizer_model
 
     with torch.device("meta"):  # the shapes alone, from s3tokenizer's own module
         shapes = {key: value.shape for key, value in new_s3tokenizer_model(generation).state_dict().items()}
@@ -165,8 +193,6 @@ def _speech_tokenizer_node(key: str, generation: GenerationName) -> tuple[str, s
     return "/" + "/".join(parts) + f"/{op_type}", op_type
 
 
-#: Hidden size of the released LLMs, written into a full-size token2wav's yaml.
-_RELEASED_LLM_SIZE = 896
 #: The random vocoder's F0 classifier is scaled so that this is the median F0 (Hz) of a random mel: unscaled, random
 #: weights give F0 near 0 Hz, every frame unvoiced, and the sine source would go untested.
 _RANDOM_MEDIAN_F0 = 150.0
@@ -227,7 +253,7 @@ def write_random_token2wav(dest: Path, generation: GenerationName, *, full_size:
         classifier.bias.mul_(_RANDOM_MEDIAN_F0 / float(f0))
     torch.save(flow.state_dict(), dest / FLOW_WEIGHTS)
     torch.save(vocoder.state_dict(), dest / VOCODER_WEIGHTS)
-    llm_size = _RELEASED_LLM_SIZE if full_size else TINY_LLM.hidden_size
+    llm_size = QWEN2_0_5B.hidden_size if full_size else TINY_LLM.hidden_size
     (dest / f"{generation}.yaml").write_text(token2wav_yaml(config, llm_size=llm_size))
 
 

@@ -19,6 +19,11 @@ GenerationName = Literal["cosyvoice2", "cosyvoice3"]
 
 #: Speech tokens proper (the speech tokenizer's FSQ codes, 3^8), in both generations.
 SPEECH_TOKENS = 6561
+#: The speech tokenizer's file in each generation's official checkpoint.
+SPEECH_TOKENIZER_FILES: dict[GenerationName, str] = {
+    "cosyvoice2": "speech_tokenizer_v2.onnx",
+    "cosyvoice3": "speech_tokenizer_v3.onnx",
+}
 
 _V2_SPECIALS = (
     "<|im_start|> <|im_end|> <|endofprompt|> [breath] <strong> </strong> [noise] [laughter] [cough] [clucking] "

@@ -50,26 +50,20 @@ class PromptMel:
 
     def features(self, wave: np.ndarray) -> np.ndarray:
         import soxr
-        import torch
 
-        resampled = soxr.resample(np.asarray(wave, dtype=np.float32), REFERENCE_RATE, SAMPLE_RATE)
-        samples = torch.from_numpy(np.ascontiguousarray(resampled, dtype=np.float32))
+        samples = soxr.resample(np.asarray(wave, dtype=np.float32), REFERENCE_RATE, SAMPLE_RATE)
         padding = (N_FFT - HOP) // 2
-        if samples.numel() <= padding:  # too short to reflect the padding (and under 2 frames of audio)
+        if samples.size <= padding:  # too short to reflect the padding (and under 2 frames of audio)
             return np.zeros((0, MEL_BINS), dtype=np.float32)
-        padded = torch.nn.functional.pad(samples[None, None], (padding, padding), mode="reflect")[0]
-        spectrum = torch.stft(
-            padded,
-            N_FFT,
-            hop_length=HOP,
-            win_length=N_FFT,
-            window=torch.hann_window(N_FFT),
-            center=False,
-            return_complex=True,
-        )
-        magnitude = torch.sqrt(spectrum.real**2 + spectrum.imag**2 + 1e-9)[0]
-        mel = torch.from_numpy(self.filters).T @ magnitude
-        return torch.log(mel.clamp_min(1e-5)).T.contiguous().numpy()
+        padded = np.pad(samples, padding, mode="reflect")
+        frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP]
+        spectrum = np.fft.rfft(frames * _periodic_hann(N_FFT), axis=-1)
+        magnitude = np.sqrt(spectrum.real**2 + spectrum.imag**2 + 1e-9)
+        return np.log(np.maximum(magnitude @ self.filters, 1e-5)).astype(np.float32)
+
+
+def _periodic_hann(size: int) -> np.ndarray:
+    return 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(size) / size)
 
 
 def align(tokens: np.ndarray, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -21,13 +21,8 @@ import torch
 
 from trtdeploy import UsageError
 
-from .generations import GenerationName
+from .generations import SPEECH_TOKENIZER_FILES, GenerationName
 
-#: The speech tokenizer's file in each generation's official checkpoint.
-SPEECH_TOKENIZER_FILES: dict[GenerationName, str] = {
-    "cosyvoice2": "speech_tokenizer_v2.onnx",
-    "cosyvoice3": "speech_tokenizer_v3.onnx",
-}
 MEL_BINS = 128
 #: The log-mel's STFT reflects 200 samples (half its 400-sample window) at each end, so it needs more than that.
 MIN_SAMPLES = 201

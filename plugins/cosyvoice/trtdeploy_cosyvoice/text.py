@@ -21,8 +21,8 @@ def is_chinese(text: str) -> bool:
 
 
 class TextNormalizer:
-    """wetext's Chinese and English normalisers, each loaded on first use (about 0.2 s); :attr:`available` is
-    False (and text passes unchanged) where wetext does not install."""
+    """wetext's Chinese and English normalisers, each loaded on first use (about 0.2 s) or by :meth:`load`;
+    :attr:`available` is False (and text passes unchanged) where wetext does not install."""
 
     def __init__(self) -> None:
         try:
@@ -43,6 +43,11 @@ class TextNormalizer:
         from wetext import Normalizer
 
         return Normalizer(lang="en", operator="tn")
+
+    def load(self) -> None:
+        """Load both grammars now (a server does it before its first request)."""
+        if self.available:
+            self._chinese, self._english  # noqa: B018
 
     def __call__(self, text: str) -> str:
         if not self.available or not text.strip():

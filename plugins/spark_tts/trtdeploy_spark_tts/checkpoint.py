@@ -10,22 +10,16 @@ zeroes the semantic rows instead (an LLM that never makes audio, for error-path 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
-from trtdeploy.checkpoints import TinyShape
+from trtdeploy.checkpoints import QWEN2_0_5B, TinyShape
 
 from .prompt import added_tokens
 
 #: The real LLM/ shape (Qwen2, 0.5B) and a tiny one for CPU tests.
-FULL_LLM = TinyShape(
-    hidden_size=896,
-    intermediate_size=4864,
-    num_hidden_layers=24,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    vocab_size=166000,
-)
+FULL_LLM = replace(QWEN2_0_5B, vocab_size=166000)
 TINY_LLM = TinyShape()
 
 

@@ -54,6 +54,8 @@ class TritonPythonModel:
             dtype=dtype if device != "cpu" else torch.float32,
             # CosyVoice3's audio is the vocoder model's
             parts=["flow", "vocoder"] if params.str("generation") == "cosyvoice2" else ["flow"],
+            # before the first request: a graph captured on first use costs that request an eager run
+            capture_modes=(False, True) if params.bool("streaming") else (False,),
         )
         self.makes_audio = self.model.generation == "cosyvoice2"
 

@@ -108,6 +108,10 @@ class TritonPythonModel:
         self.bias = np.load(f"{llm_dir}/{SPEECH_BIAS_FILE}").astype(np.float32)
         self.normalize = TextNormalizer() if params.bool("text_normalization") else None
         self.mel = PromptMel(fmax=8000.0 if self.generation == "cosyvoice2" else None)
+        # the first request would otherwise load the grammars and the mel's libraries (about 1 s)
+        if self.normalize is not None:
+            self.normalize.load()
+        self.mel.features(np.zeros(REFERENCE_RATE, dtype=np.float32))
         self.voices = VoiceStore(params.str("speaker_dir"))
 
     def execute(self, requests: list) -> None:

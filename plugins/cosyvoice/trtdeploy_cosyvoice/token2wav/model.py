@@ -14,6 +14,7 @@ computes in float64 (upstream converts that predictor to float64 before it runs)
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -164,11 +165,14 @@ class Token2Wav:
         max_batch: int = DEFAULT_MAX_BATCH,
         parts: Collection[str] = ("flow", "vocoder"),
         cuda_graphs: bool = True,
+        capture_modes: Collection[bool] = (),
     ) -> Token2Wav:
         """Build the generation's modules from ``<generation>.yaml`` and load ``flow.pt`` and ``hift.pt`` strictly
         (keys of ``hift.pt`` may carry the GAN trainer's ``generator.`` prefix); ``parts`` says which of the two
         (a server that runs only the vocoder need not hold the flow). The flow is moved to ``dtype``; the vocoder,
-        its weight norm folded, stays float32 (CosyVoice3's F0 predictor float64)."""
+        its weight norm folded, stays float32 (CosyVoice3's F0 predictor float64). On a GPU the flow's solver runs
+        as CUDA graphs (``cuda_graphs``), those of the streaming modes in ``capture_modes`` (False: offline, True:
+        streaming) captured now rather than on first use."""
         if generation not in ("cosyvoice2", "cosyvoice3"):
             raise UsageError(f"unknown CosyVoice generation {generation!r}", hint="use cosyvoice2 or cosyvoice3")
         unknown = set(parts) - {"flow", "vocoder"}
@@ -183,6 +187,10 @@ class Token2Wav:
             flow = flow.to(device=device, dtype=dtype).eval()
             if cuda_graphs and torch.device(device).type == "cuda":
                 flow.solver = GraphedSolver(flow.decoder, max_batch=max_batch)
+                with torch.inference_mode():
+                    flow.solver.capture_all(
+                        config.flow.output_size, streaming=capture_modes, dtype=dtype, device=torch.device(device)
+                    )
         if "vocoder" in parts:
             vocoder = config.build_vocoder()
             vocoder_state = {
@@ -386,12 +394,16 @@ class GraphedSolver:
     frames, streaming) bucket: eagerly, a short request costs as much in launches as a long one.
 
     A call's rows are right-padded to the bucket's frames (the padding is masked: each row's frames are what they
-    are alone) and its batch to the bucket's rows with copies of its first row. Graphs are captured on first use and
+    are alone) and its batch to the bucket's rows with copies of its first row. The frame buckets grow by 1.5x and
+    2x in turn (128, 192, 256, 384, ...): few buckets, so that :meth:`capture_all` can capture them all before the
+    first request (a capture costs an eager run). Graphs not captured beforehand are captured on first use; all
     share one memory pool (calls are replayed one at a time). Requests longer than ``max_frames`` run eagerly.
     """
 
-    def __init__(self, solver: nn.Module, *, max_batch: int, max_frames: int = 2048, frame_step: int = 128):
-        self.solver, self.max_batch, self.max_frames, self.frame_step = solver, max_batch, max_frames, frame_step
+    def __init__(self, solver: nn.Module, *, max_batch: int, max_frames: int = 2048, smallest: int = 128):
+        self.solver, self.max_batch, self.max_frames = solver, max_batch, max_frames
+        sizes = {size for base in (smallest, smallest * 3 // 2) for size in _doublings(base, max_frames)}
+        self.frame_buckets = sorted(sizes | {max_frames})
         self._graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle()
 
@@ -402,7 +414,7 @@ class GraphedSolver:
         if frames > self.max_frames or batch > self.max_batch:
             return self.solver(mu, mask, spks, cond, streaming=streaming)
         rows = min(1 << (batch - 1).bit_length(), self.max_batch)
-        key = (rows, -(-frames // self.frame_step) * self.frame_step, streaming)
+        key = (rows, self.frame_buckets[bisect.bisect_left(self.frame_buckets, frames)], streaming)
         if key not in self._graphs:
             self._graphs[key] = self._capture(*key, like=(mu, mask, spks, cond))
         graph, inputs, output = self._graphs[key]
@@ -412,6 +424,24 @@ class GraphedSolver:
             static[batch:] = static[:1]
         graph.replay()
         return output[:batch, :, :frames].clone()
+
+    def capture_all(
+        self, mel_bins: int, *, streaming: Collection[bool], dtype: torch.dtype, device: torch.device
+    ) -> int:
+        """Capture the graph of every bucket (batches of 1, 2, 4, ... rows) for each of the ``streaming`` modes;
+        returns how many were captured."""
+        like = (
+            torch.zeros(1, mel_bins, 1, dtype=dtype, device=device),
+            torch.zeros(1, 1, 1, dtype=dtype, device=device),
+            torch.zeros(1, mel_bins, dtype=dtype, device=device),
+            torch.zeros(1, mel_bins, 1, dtype=dtype, device=device),
+        )
+        rows = [1 << power for power in range((self.max_batch - 1).bit_length() + 1) if 1 << power <= self.max_batch]
+        keys = [(count, frames, mode) for mode in streaming for count in rows for frames in self.frame_buckets]
+        for key in keys:
+            if key not in self._graphs:
+                self._graphs[key] = self._capture(*key, like=like)
+        return len(keys)
 
     def _capture(
         self, rows: int, frames: int, streaming: bool, *, like: tuple[torch.Tensor, ...]
@@ -423,17 +453,22 @@ class GraphedSolver:
             torch.zeros(rows, spks.shape[1], dtype=spks.dtype, device=spks.device),
             torch.zeros(rows, cond.shape[1], frames, dtype=cond.dtype, device=cond.device),
         ]
-        inputs[1][:, :, :1] = 1  # a valid frame in every row: warm-up runs see no fully masked row
+        inputs[1][:, :, :1] = 1  # a valid frame in every row: the warm-up run sees no fully masked row
         side = torch.cuda.Stream(mu.device)
         side.wait_stream(torch.cuda.current_stream(mu.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):  # warm-up: cuBLAS/cuDNN choose their kernels outside the capture
-                self.solver(*inputs, streaming=streaming)
+        with torch.cuda.stream(side):  # warm-up: cuBLAS/cuDNN choose their kernels outside the capture
+            self.solver(*inputs, streaming=streaming)
         torch.cuda.current_stream(mu.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             output = self.solver(*inputs, streaming=streaming)
         return graph, inputs, output
+
+
+def _doublings(start: int, limit: int) -> Iterator[int]:
+    while start <= limit:
+        yield start
+        start *= 2
 
 
 def _batches(rows: Iterable[int], size: int) -> Iterator[list[int]]:

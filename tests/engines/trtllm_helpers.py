@@ -104,10 +104,10 @@ def plan(checkpoint: Path, root: Path, **changes) -> build.Plan:
     return build.plan(replace(request, **changes), dry_run=True)
 
 
-def commands(found: build.Plan, checkpoint: Path) -> str:
-    """The plan's commands as a shell would run them, with the checkpoint's path made stable."""
+def commands(found: build.Plan, checkpoint: Path, placeholder: str = "<checkpoint>") -> str:
+    """The plan's commands as a shell would run them, with the checkpoint's path (or a converted LLM's) made stable."""
     lines = [shlex.join(step.argv) for step in found.steps if step.argv]
-    return "\n".join(lines).replace(str(checkpoint), "<checkpoint>")
+    return "\n".join(lines).replace(str(checkpoint), placeholder)
 
 
 def rendered_config(found: build.Plan, dest: Path) -> str:

@@ -33,6 +33,11 @@ TOKENS_PER_SECOND = 25
 MIN_CHUNK_TOKENS = 4
 FLOW_WEIGHTS, VOCODER_WEIGHTS = "flow.pt", "hift.pt"
 FLOW_PRECISIONS = ("fp32", "fp16", "bf16")
+#: The official stage 1 (runtime/triton_trtllm run.sh, run_cosyvoice3.sh): the stock Qwen converter at bfloat16, then
+#: trtllm-build --max_batch_size N --max_num_tokens 32768 --gemm_plugin bfloat16, its other settings left at their
+#: defaults (max_input_len 1024).
+OFFICIAL_ENGINE_BATCH = {"cosyvoice2": 16, "cosyvoice3": 64}
+OFFICIAL_MAX_NUM_TOKENS = 32768
 
 
 @dataclass(frozen=True)
@@ -206,20 +211,44 @@ class CosyVoice(ModelSpec):
             lines.append(
                 f"streaming sends audio chunks of {options['first_chunk_tokens']} speech tokens, then "
                 f"{options['chunk_growth']:g} times more each, up to {options['max_chunk_tokens']}; the LLM is asked "
-                "for each chunk's tokens by a non-decoupled call, so the decoupled-LLM hang of the official streaming "
-                "cannot happen"
+                "for each chunk's tokens by a non-decoupled call (the prompt plus the tokens so far), so the "
+                "decoupled-LLM hang cannot happen: the official CosyVoice2 streaming's decoupled tensorrt_llm model "
+                "stops generating after the first streamed request (CosyVoice issue 1866)"
+                + (
+                    ", which the official CosyVoice3 runtime avoids by serving its LLM with trtllm-serve"
+                    if self.name == "cosyvoice3"
+                    else ""
+                )
             )
         if ctx.point.engine == "trtllm":
+            lines.append(self._engine_note(ctx))
             official = (
-                "caps it at 2560 tokens with kv_cache_free_gpu_mem_fraction 0.5, which caps concurrency"
+                "caps it at 2560 tokens (max_tokens_in_paged_kv_cache, and max_attention_window_size 2560) with "
+                "kv_cache_free_gpu_mem_fraction 0.5, which caps concurrency whatever the batch size"
                 if self.name == "cosyvoice2"
-                else "serves the LLM with trtllm-serve at kv_cache_free_gpu_memory_fraction 0.4"
+                else "serves the LLM with trtllm-serve --max_batch_size 64 --kv_cache_free_gpu_memory_fraction 0.4"
             )
             lines.append(
                 f"KV-cache pool of {ctx.point.kv_cache_tokens} tokens (max_batch_size x max_seq_len): the official "
                 f"deployment {official}"
             )
         return lines
+
+    def _engine_note(self, ctx: BuildContext) -> str:
+        """The trtllm engine's build settings against the official stage 1's."""
+        point = ctx.point
+        official_batch = OFFICIAL_ENGINE_BATCH[self.name]
+        batch = "as the official" if point.max_batch_size == official_batch else f"official {official_batch}"
+        precision = "" if point.precision == "bf16" else f"precision {point.precision} (official bf16), "
+        return (
+            f"trtllm-build: {precision}max_batch_size {point.max_batch_size} ({batch}); max_num_tokens "
+            f"{point.max_num_tokens} (official {OFFICIAL_MAX_NUM_TOKENS}): the tokens of one engine step, prompts "
+            "being prefilled and requests decoding together, which bounds how long prefills hold up the requests "
+            "already speaking; gemm_plugin auto, the "
+            "converter's dtype (bfloat16 at bf16, what the official names), none at fp8; max_input_len "
+            f"{ctx.llm_max_input_len} (official: trtllm-build's default 1024): each chunk's call sends the prompt "
+            "plus the speech tokens so far"
+        )
 
     def workload(self, deployment: Deployment) -> TTSWorkload:
         from trtdeploy.perf.tts import TTSWorkload

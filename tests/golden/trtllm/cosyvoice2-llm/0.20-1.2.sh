@@ -1,0 +1,29 @@
+# golden: the CosyVoice2 LLM (llm.pt converted to a Qwen2 causal LM, vocabulary 158336) on an L20 at the official batch 16, each precision: TensorRT-LLM 0.20.0 to 1.2.1
+# official stage 1 (TensorRT-LLM 0.20, the tritonserver 25.06 TensorRT-LLM image): convert_checkpoint.py --model_dir ./cosyvoice2_llm --output_dir ./trt_weights_bfloat16 --dtype bfloat16; trtllm-build --checkpoint_dir ./trt_weights_bfloat16 --output_dir ./trt_engines_bfloat16 --max_batch_size 16 --max_num_tokens 32768 --gemm_plugin bfloat16 (the plan notes state each departure)
+# checked against: FunAudioLLM/CosyVoice@ace7c47f41bbd303aa6bf1ea80e6f9fbd595cd40 (no release tag covers runtime/triton_trtllm):runtime/triton_trtllm/run.sh (stage 1 as above, unchanged since 5427c274 of 2025-07-22; stage 2 fills model_repo/tensorrt_llm/config.pbtxt with max_tokens_in_paged_kv_cache 2560, max_attention_window_size 2560, kv_cache_free_gpu_mem_fraction 0.5, decoupled_mode True), Dockerfile.server (FROM tritonserver:25.06-trtllm-python-py3)
+# checked against: FunAudioLLM/CosyVoice@ace7c47f41bbd303aa6bf1ea80e6f9fbd595cd40 (no release tag covers runtime/triton_trtllm):runtime/triton_trtllm/scripts/convert_checkpoint.py (the stock Qwen converter, QWenForCausalLM: --model_dir --output_dir --dtype --tp_size --pp_size --use_weight_only --weight_only_precision int8/int4)
+# checked against: NVIDIA/TensorRT-LLM:docs/source/release-notes.md (0.20.0 cites examples/models/core/qwen/README.md; 0.19.0 cites flat paths)
+# checked against: triton-inference-server/tensorrtllm_backend dbae4e8 (2025-04-23, after v0.19.0):ci/L0_backend_trtllm/generate_engines.sh (tensorrt_llm/examples/models/core/gpt); TensorRT-LLM's own tags not read
+# checked against: NVIDIA/TensorRT-LLM:examples/models/core/qwen/convert_checkpoint.py and README.md (untagged: --use_weight_only --weight_only_precision, --int8_kv_cache, --calib_dataset; INT4-AWQ quantize.py --awq_block_size 128 --calib_size 32)
+# ---
+## bf16
+python3 /app/tensorrt_llm/examples/models/core/qwen/convert_checkpoint.py --model_dir <converted-llm> --output_dir trtllm_checkpoint --dtype bfloat16 --tp_size 1 --pp_size 1
+trtllm-build --checkpoint_dir trtllm_checkpoint --output_dir engines --max_batch_size 16 --max_input_len 4048 --max_seq_len 4048 --max_num_tokens 8192 --max_beam_width 1 --kv_cache_type paged --gpt_attention_plugin auto --remove_input_padding enable --context_fmha enable --use_paged_context_fmha enable --multiple_profiles enable --gemm_plugin auto
+## fp16
+python3 /app/tensorrt_llm/examples/models/core/qwen/convert_checkpoint.py --model_dir <converted-llm> --output_dir trtllm_checkpoint --dtype float16 --tp_size 1 --pp_size 1
+trtllm-build --checkpoint_dir trtllm_checkpoint --output_dir engines --max_batch_size 16 --max_input_len 4048 --max_seq_len 4048 --max_num_tokens 8192 --max_beam_width 1 --kv_cache_type paged --gpt_attention_plugin auto --remove_input_padding enable --context_fmha enable --use_paged_context_fmha enable --multiple_profiles enable --gemm_plugin auto
+## fp8
+python3 /app/tensorrt_llm/examples/quantization/quantize.py --model_dir <converted-llm> --output_dir trtllm_checkpoint --dtype bfloat16 --qformat fp8 --kv_cache_dtype fp8 --calib_size 512 --tp_size 1 --pp_size 1
+trtllm-build --checkpoint_dir trtllm_checkpoint --output_dir engines --max_batch_size 16 --max_input_len 4048 --max_seq_len 4048 --max_num_tokens 8192 --max_beam_width 1 --kv_cache_type paged --gpt_attention_plugin auto --remove_input_padding enable --context_fmha enable --use_paged_context_fmha enable --multiple_profiles enable --use_fp8_context_fmha enable
+## int8_wo
+python3 /app/tensorrt_llm/examples/models/core/qwen/convert_checkpoint.py --model_dir <converted-llm> --output_dir trtllm_checkpoint --dtype bfloat16 --tp_size 1 --pp_size 1 --use_weight_only --weight_only_precision int8
+trtllm-build --checkpoint_dir trtllm_checkpoint --output_dir engines --max_batch_size 16 --max_input_len 4048 --max_seq_len 4048 --max_num_tokens 8192 --max_beam_width 1 --kv_cache_type paged --gpt_attention_plugin auto --remove_input_padding enable --context_fmha enable --use_paged_context_fmha enable --multiple_profiles enable --gemm_plugin auto
+## int4_wo
+python3 /app/tensorrt_llm/examples/models/core/qwen/convert_checkpoint.py --model_dir <converted-llm> --output_dir trtllm_checkpoint --dtype bfloat16 --tp_size 1 --pp_size 1 --use_weight_only --weight_only_precision int4
+trtllm-build --checkpoint_dir trtllm_checkpoint --output_dir engines --max_batch_size 16 --max_input_len 4048 --max_seq_len 4048 --max_num_tokens 8192 --max_beam_width 1 --kv_cache_type paged --gpt_attention_plugin auto --remove_input_padding enable --context_fmha enable --use_paged_context_fmha enable --multiple_profiles enable --gemm_plugin auto
+## int4_awq
+python3 /app/tensorrt_llm/examples/quantization/quantize.py --model_dir <converted-llm> --output_dir trtllm_checkpoint --dtype bfloat16 --qformat int4_awq --awq_block_size 128 --calib_size 32 --tp_size 1 --pp_size 1
+trtllm-build --checkpoint_dir trtllm_checkpoint --output_dir engines --max_batch_size 16 --max_input_len 4048 --max_seq_len 4048 --max_num_tokens 8192 --max_beam_width 1 --kv_cache_type paged --gpt_attention_plugin auto --remove_input_padding enable --context_fmha enable --use_paged_context_fmha enable --multiple_profiles enable --gemm_plugin auto
+## int8_sq
+python3 /app/tensorrt_llm/examples/quantization/quantize.py --model_dir <converted-llm> --output_dir trtllm_checkpoint --dtype bfloat16 --qformat int8_sq --calib_size 512 --tp_size 1 --pp_size 1
+trtllm-build --checkpoint_dir trtllm_checkpoint --output_dir engines --max_batch_size 16 --max_input_len 4048 --max_seq_len 4048 --max_num_tokens 8192 --max_beam_width 1 --kv_cache_type paged --gpt_attention_plugin auto --remove_input_padding enable --context_fmha enable --use_paged_context_fmha enable --multiple_profiles enable --gemm_plugin auto

@@ -1,0 +1,29 @@
+# golden: the CosyVoice3 LLM (llm.pt converted to a Qwen2 causal LM, vocabulary 158720) on an L20 at the official batch 64, each precision: TensorRT-LLM 0.17.0.post1, 0.18.2, 0.19.0
+# official stage 1 (TensorRT-LLM 0.20, the same image): convert_checkpoint.py --model_dir hf_cosyvoice3_llm --output_dir trt_weights_bfloat16 --dtype bfloat16; trtllm-build --checkpoint_dir trt_weights_bfloat16 --output_dir trt_engines_bfloat16 --max_batch_size 64 --max_num_tokens 32768 --gemm_plugin bfloat16; served by trtllm-serve, not Triton (the plan notes state each departure)
+# checked against: FunAudioLLM/CosyVoice@ace7c47f41bbd303aa6bf1ea80e6f9fbd595cd40 (no release tag covers runtime/triton_trtllm):runtime/triton_trtllm/run_cosyvoice3.sh (stage 1 as above, since 8f0b28b8 of 2026-03-16; stage 3: trtllm-serve --max_batch_size 64 --kv_cache_free_gpu_memory_fraction 0.4), docker-compose.cosyvoice3.yml (image soar97/triton-cosyvoice:25.06, Dockerfile.server)
+# checked against: FunAudioLLM/CosyVoice@ace7c47f41bbd303aa6bf1ea80e6f9fbd595cd40 (no release tag covers runtime/triton_trtllm):runtime/triton_trtllm/scripts/convert_checkpoint.py (the stock Qwen converter, QWenForCausalLM: --model_dir --output_dir --dtype --tp_size --pp_size --use_weight_only --weight_only_precision int8/int4)
+# checked against: triton-inference-server/tensorrtllm_backend@v0.17.0, @v0.18.2, @v0.19.0:ci/L0_backend_trtllm/generate_engines.sh (convert_checkpoint.py in tensorrt_llm/examples/<model>/, trtllm-build flags)
+# checked against: triton-inference-server/tensorrtllm_backend@v0.17.0, @v0.19.0:docs/multimodal.md (tensorrt_llm/examples/qwen/convert_checkpoint.py; examples/quantization/quantize.py --qformat fp8 --kv_cache_dtype fp8 --calib_size 512 --tp_size)
+# checked against: NVIDIA/TensorRT-LLM:examples/models/core/qwen/convert_checkpoint.py and README.md (untagged: --use_weight_only --weight_only_precision, --int8_kv_cache, --calib_dataset; INT4-AWQ quantize.py --awq_block_size 128 --calib_size 32)
+# ---
+## bf16
+python3 /app/tensorrt_llm/examples/qwen/convert_checkpoint.py --model_dir <converted-llm> --output_dir trtllm_checkpoint --dtype bfloat16 --tp_size 1 --pp_size 1
+trtllm-build --checkpoint_dir trtllm_checkpoint --output_dir engines --max_batch_size 64 --max_input_len 4048 --max_seq_len 4048 --max_num_tokens 8192 --max_beam_width 1 --kv_cache_type paged --gpt_attention_plugin auto --remove_input_padding enable --context_fmha enable --use_paged_context_fmha enable --multiple_profiles enable --gemm_plugin auto
+## fp16
+python3 /app/tensorrt_llm/examples/qwen/convert_checkpoint.py --model_dir <converted-llm> --output_dir trtllm_checkpoint --dtype float16 --tp_size 1 --pp_size 1
+trtllm-build --checkpoint_dir trtllm_checkpoint --output_dir engines --max_batch_size 64 --max_input_len 4048 --max_seq_len 4048 --max_num_tokens 8192 --max_beam_width 1 --kv_cache_type paged --gpt_attention_plugin auto --remove_input_padding enable --context_fmha enable --use_paged_context_fmha enable --multiple_profiles enable --gemm_plugin auto
+## fp8
+python3 /app/tensorrt_llm/examples/quantization/quantize.py --model_dir <converted-llm> --output_dir trtllm_checkpoint --dtype bfloat16 --qformat fp8 --kv_cache_dtype fp8 --calib_size 512 --tp_size 1 --pp_size 1
+trtllm-build --checkpoint_dir trtllm_checkpoint --output_dir engines --max_batch_size 64 --max_input_len 4048 --max_seq_len 4048 --max_num_tokens 8192 --max_beam_width 1 --kv_cache_type paged --gpt_attention_plugin auto --remove_input_padding enable --context_fmha enable --use_paged_context_fmha enable --multiple_profiles enable --use_fp8_context_fmha enable
+## int8_wo
+python3 /app/tensorrt_llm/examples/qwen/convert_checkpoint.py --model_dir <converted-llm> --output_dir trtllm_checkpoint --dtype bfloat16 --tp_size 1 --pp_size 1 --use_weight_only --weight_only_precision int8
+trtllm-build --checkpoint_dir trtllm_checkpoint --output_dir engines --max_batch_size 64 --max_input_len 4048 --max_seq_len 4048 --max_num_tokens 8192 --max_beam_width 1 --kv_cache_type paged --gpt_attention_plugin auto --remove_input_padding enable --context_fmha enable --use_paged_context_fmha enable --multiple_profiles enable --gemm_plugin auto
+## int4_wo
+python3 /app/tensorrt_llm/examples/qwen/convert_checkpoint.py --model_dir <converted-llm> --output_dir trtllm_checkpoint --dtype bfloat16 --tp_size 1 --pp_size 1 --use_weight_only --weight_only_precision int4
+trtllm-build --checkpoint_dir trtllm_checkpoint --output_dir engines --max_batch_size 64 --max_input_len 4048 --max_seq_len 4048 --max_num_tokens 8192 --max_beam_width 1 --kv_cache_type paged --gpt_attention_plugin auto --remove_input_padding enable --context_fmha enable --use_paged_context_fmha enable --multiple_profiles enable --gemm_plugin auto
+## int4_awq
+python3 /app/tensorrt_llm/examples/quantization/quantize.py --model_dir <converted-llm> --output_dir trtllm_checkpoint --dtype bfloat16 --qformat int4_awq --awq_block_size 128 --calib_size 32 --tp_size 1 --pp_size 1
+trtllm-build --checkpoint_dir trtllm_checkpoint --output_dir engines --max_batch_size 64 --max_input_len 4048 --max_seq_len 4048 --max_num_tokens 8192 --max_beam_width 1 --kv_cache_type paged --gpt_attention_plugin auto --remove_input_padding enable --context_fmha enable --use_paged_context_fmha enable --multiple_profiles enable --gemm_plugin auto
+## int8_sq
+python3 /app/tensorrt_llm/examples/quantization/quantize.py --model_dir <converted-llm> --output_dir trtllm_checkpoint --dtype bfloat16 --qformat int8_sq --calib_size 512 --tp_size 1 --pp_size 1
+trtllm-build --checkpoint_dir trtllm_checkpoint --output_dir engines --max_batch_size 64 --max_input_len 4048 --max_seq_len 4048 --max_num_tokens 8192 --max_beam_width 1 --kv_cache_type paged --gpt_attention_plugin auto --remove_input_padding enable --context_fmha enable --use_paged_context_fmha enable --multiple_profiles enable --gemm_plugin auto

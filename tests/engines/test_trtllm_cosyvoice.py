@@ -4,6 +4,8 @@ a deployment departs from that stage 1 and the official model repository. No Ten
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from trtdeploy import build
@@ -129,3 +131,16 @@ def test_offline_notes_leave_out_the_streaming_hang(converted, tmp_path):
     found = cosyvoice_plan(converted("cosyvoice2"), tmp_path, "cosyvoice2", mode="offline")
     notes = "\n".join(found.notes)
     assert "decoupled-LLM hang" not in notes and "trtllm-build: max_batch_size 16 (as the official)" in notes
+
+
+def test_a_float32_llm_gets_bfloat16_activations_in_quantized_plans(trtdeploy_checkpoint, tmp_path):
+    """The official llm.pt may hold float32 weights, which the conversion keeps: quantized plans still compute in
+    bfloat16, the official conversions' type, not in float16 with its narrower range."""
+    source = tmp_path / "checkpoint"
+    shutil.copytree(trtdeploy_checkpoint("cosyvoice2"), source)
+    llm_dir = cosyvoice_plan(source, tmp_path / "plan", "cosyvoice2").context.llm_dir
+    get_model("cosyvoice2").convert_llm(source, llm_dir)
+    with_config(llm_dir, {**RELEASED_LLM["cosyvoice2"], "torch_dtype": "float32"})
+    for precision in ("int8_wo", "int4_awq", "fp8"):
+        found = cosyvoice_plan(source, tmp_path / precision, "cosyvoice2", precision=precision)
+        assert "--dtype bfloat16" in commands(found, llm_dir).splitlines()[0]

@@ -69,9 +69,10 @@ class Recipe:
         shape = ModelShape.from_config(config) if config else None
         if point.precision in DTYPES:
             dtype = DTYPES[point.precision]
-        else:  # quantized weights: activations in the checkpoint's 16-bit type where the GPU has it
+        else:  # quantized weights: activations in the checkpoint's 16-bit type where the GPU has it (a float32
+            # checkpoint, such as CosyVoice's llm.pt, gets bfloat16: its range, not float16's)
             stored = (config or {}).get("torch_dtype") or (config or {}).get("dtype") or "bfloat16"
-            bf16 = stored == "bfloat16" and (profile is None or profile.supports("bf16"))
+            bf16 = stored in ("bfloat16", "float32") and (profile is None or profile.supports("bf16"))
             dtype = "bfloat16" if bf16 else "float16"
         # converters load the Hugging Face model on one GPU unless told otherwise
         load_on_cpu = bool(shape and profile and shape.params * 2 > profile.memory_gib * 0.8 * 2**30)

@@ -197,3 +197,39 @@ def test_bad_input_gets_a_clear_error_and_the_server_keeps_serving(served, input
         offline(url, f"{generation}_offline", inputs())
     audio = offline(url, f"{generation}_offline", tts_inputs(voice(1.0), max_tokens=(5, "INT32")))
     assert audio.size == 5 * SAMPLES_PER_TOKEN
+
+
+def test_tensorrt_llms_stop_tokens_hold_back_until_the_minimum_too(trtdeploy_checkpoint, tmp_path):
+    """On TensorRT-LLM the entry sends end_id and the other stop tokens as stop words, and min_length holds back
+    end_id alone. Here an LLM that wants eos2 (a stop token, not the end token) at every step is served by the
+    torch engine both ways: ``cosyvoice2_offline`` as the torch engine is asked (every stop token held back until
+    the minimum), ``cosyvoice2`` made to ask as on TensorRT-LLM. Both must speak exactly the minimum."""
+    import shutil
+
+    import torch
+    from trtdeploy_cosyvoice.generations import SPEECH_TOKENS
+
+    from trtdeploy.build import BuildRequest, run
+    from trtdeploy.server import launch
+
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(trtdeploy_checkpoint("cosyvoice2"), checkpoint)
+    state = torch.load(checkpoint / "llm.pt", weights_only=True)
+    state["llm_decoder.bias"][SPEECH_TOKENS + 1] = 30.0
+    torch.save(state, checkpoint / "llm.pt")
+    request = BuildRequest(
+        model="cosyvoice2", model_dir=checkpoint, gpu="cpu", mode="streaming", max_batch_size=1, max_input_len=1024,
+        max_output_len=200, options=STREAM_OPTIONS, output_root=tmp_path / "deployments",
+    )  # fmt: skip
+    deployment = run(request).deployment
+    entry = deployment.model_repo / "cosyvoice2" / "config.pbtxt"
+    asked_as_torch = 'key: "llm_reads_end_tokens" value: { string_value: "true" }'
+    assert asked_as_torch in entry.read_text()
+    entry.write_text(entry.read_text().replace(asked_as_torch, asked_as_torch.replace("true", "false")))
+    with launch(deployment.model_repo, models=deployment.models, log_file=tmp_path / "server.log") as server:
+        target = b"Four short words here."
+        whole = offline(server.grpc_url, "cosyvoice2_offline", tts_inputs(voice(2.0), target=target))
+        chunks = streamed(server.grpc_url, "cosyvoice2", tts_inputs(voice(2.0), target=target))
+    tokens = whole.size // SAMPLES_PER_TOKEN
+    assert whole.size == tokens * SAMPLES_PER_TOKEN and 10 < tokens < 200  # the minimum: 2 per text token
+    assert len(chunks) > 1 and sum(chunk.size for chunk in chunks) == whole.size

@@ -66,6 +66,8 @@ class Synthesis:
     top_p: float
     repetition_penalty: float
     seed: int | None
+    #: LLM calls made for it so far (on TensorRT-LLM each gets a seed of its own, see generate_segment).
+    llm_calls: int = 0
 
 
 def _output(response, name: str) -> np.ndarray:
@@ -106,6 +108,9 @@ class TritonPythonModel:
         self.tokenizer = Tokenizer.from_file(f"{llm_dir}/tokenizer.json")
         self.layout = SpeechLayout.load(Path(llm_dir))
         self.bias = np.load(f"{llm_dir}/{SPEECH_BIAS_FILE}").astype(np.float32)
+        #: The bias with every stop token masked as well, for the tokens before the minimum (see _generate).
+        self.speaking_bias = self.bias.copy()
+        self.speaking_bias[list(self.layout.stop_ids)] = -np.inf
         self.normalize = TextNormalizer() if params.bool("text_normalization") else None
         self.mel = PromptMel(fmax=8000.0 if self.generation == "cosyvoice2" else None)
         # the first request would otherwise load the grammars and the mel's libraries (about 1 s)
@@ -252,11 +257,24 @@ class TritonPythonModel:
             )
         return prompt, target_tokens
 
-    def _generate(self, job: Synthesis, prompt: np.ndarray, max_tokens: int, min_tokens: int, segment: int = 0):
+    def _generate(self, job: Synthesis, prompt: np.ndarray, max_tokens: int, min_tokens: int) -> np.ndarray:
         """The ids the LLM generates after ``prompt``: ``max_tokens`` of them, fewer when it ends (its stop token
-        kept); no stop before ``min_tokens``. ``segment`` counts the calls of a streamed answer."""
+        kept); no stop before ``min_tokens``."""
+        if self.llm_reads_end_tokens or min_tokens == 0:
+            return self._ask_llm(job, prompt, max_tokens, min_tokens, self.bias)
+        # TensorRT-LLM holds back end_id before min_length, but not the other stop tokens (stop words): the first
+        # min_tokens come from a call in which every stop token is masked, the rest from one that may stop
+        speaking = min(min_tokens, max_tokens)
+        first = self._ask_llm(job, prompt, speaking, 0, self.speaking_bias)
+        if first.size < speaking or speaking == max_tokens:
+            return first
+        said = np.concatenate([prompt, first.astype(prompt.dtype)])
+        return np.concatenate([first, self._ask_llm(job, said, max_tokens - speaking, 0, self.bias)])
+
+    def _ask_llm(self, job: Synthesis, prompt: np.ndarray, max_tokens: int, min_tokens: int, bias: np.ndarray):
+        """One call of the LLM with this embedding bias."""
         stops = self.layout.stop_ids
-        extra = [row_tensor("pad_id", [stops[0]], np.int32), row_tensor("embedding_bias", self.bias, np.float32)]
+        extra = [row_tensor("pad_id", [stops[0]], np.int32), row_tensor("embedding_bias", bias, np.float32)]
         if not self.llm_reads_end_tokens:
             extra.append(row_tensor("end_id", [stops[0]], np.int32))
             if len(stops) > 1:  # every other stop token as a one-token stop word: [ids], [end offsets]
@@ -264,7 +282,7 @@ class TritonPythonModel:
                 extra.append(pb_utils.Tensor("stop_words_list", words))
         if min_tokens > 0:
             extra.append(row_tensor(self.llm_min_tokens_input, [min_tokens], np.int32))
-        return generate_segment(
+        ids = generate_segment(
             self.llm_model,
             prompt,
             max_tokens,
@@ -274,10 +292,12 @@ class TritonPythonModel:
             repetition_penalty=job.repetition_penalty,
             seed=job.seed,
             seed_input=self.llm_seed_input,
-            segment=segment,
+            segment=job.llm_calls,
             seed_per_segment=self.seed_per_segment,
             extra=extra,
         )
+        job.llm_calls += 1
+        return ids
 
     def _speech_tokens(self, ids: np.ndarray) -> np.ndarray:
         """The speech tokens among the LLM's ids (up to the first stop token)."""
@@ -321,12 +341,12 @@ class TritonPythonModel:
             if audio.size:
                 sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio.reshape(1, -1))]))
 
-        said, tokens, segment, hop = prompt, np.zeros(0, dtype=np.int32), 0, self.first_chunk
+        said, tokens, hop = prompt, np.zeros(0, dtype=np.int32), self.first_chunk
         ended = False
         while tokens.size < max_tokens and not sender.is_cancelled():
             wanted = min(max_tokens - tokens.size, stream.offset + hop + LOOKAHEAD_TOKENS - tokens.size)
-            ids = self._generate(job, said, wanted, max(0, min_tokens - tokens.size), segment)
-            said, segment = np.concatenate([said, ids.astype(np.int32)]), segment + 1
+            ids = self._generate(job, said, wanted, min(wanted, max(0, min_tokens - tokens.size)))
+            said = np.concatenate([said, ids.astype(np.int32)])
             new = self._speech_tokens(ids)
             tokens = np.concatenate([tokens, new])
             ended = new.size < ids.size or ids.size < wanted

@@ -72,21 +72,28 @@ def call_model(model: str, inputs: list, outputs: list[str]) -> Any:
     return response
 
 
-def check_sampling(temperature: float, top_k: int, top_p: float, repetition_penalty: float) -> None:
-    """RequestError naming the first sampling setting out of range."""
-    values = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "repetition_penalty": repetition_penalty}
+def read_sampling(request: Any, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The request's ``temperature``, ``top_k``, ``top_p`` and ``repetition_penalty`` (``defaults``' where it sends
+    none); RequestError naming the first one out of range."""
+    found = {
+        "temperature": float(optional_scalar(request, "temperature", defaults["temperature"])),
+        "top_k": int(optional_scalar(request, "top_k", defaults["top_k"])),
+        "top_p": float(optional_scalar(request, "top_p", defaults["top_p"])),
+        "repetition_penalty": float(optional_scalar(request, "repetition_penalty", defaults["repetition_penalty"])),
+    }
     valid = {
-        "temperature": temperature >= 0,
-        "top_k": top_k >= 0,
-        "top_p": 0 <= top_p <= 1,
-        "repetition_penalty": repetition_penalty > 0,
+        "temperature": found["temperature"] >= 0,
+        "top_k": found["top_k"] >= 0,
+        "top_p": 0 <= found["top_p"] <= 1,
+        "repetition_penalty": found["repetition_penalty"] > 0,
     }
     bad = [name for name, ok in valid.items() if not ok]
     if bad:
         raise RequestError(
-            f"{bad[0]} {values[bad[0]]:g} is out of range (temperature >= 0, top_k >= 0, 0 <= top_p <= 1, "
+            f"{bad[0]} {found[bad[0]]:g} is out of range (temperature >= 0, top_k >= 0, 0 <= top_p <= 1, "
             "repetition_penalty > 0)"
         )
+    return found
 
 
 def optional_scalar(request: Any, name: str, default: Any = None) -> Any:

@@ -189,6 +189,8 @@ def test_four_requests_at_once_each_get_their_audio(served):
         (lambda: tts_inputs(voice(1.0), target=b"\xff\xfe bad"), "not valid UTF-8"),
         (lambda: tts_inputs(None, reference=None, speaker_id=("nobody", "BYTES")), "no voice is registered"),
         (lambda: tts_inputs(voice(1.0), speaker_id=("../etc", "BYTES")), "not a valid id"),
+        (lambda: tts_inputs(voice(1.0), repetition_penalty=(0.0, "FP32")), "repetition_penalty 0 is out of range"),
+        (lambda: tts_inputs(voice(1.0), max_tokens=(0, "INT32")), "max_tokens 0 is outside 1..200"),
     ],
 )
 def test_bad_input_gets_a_clear_error_and_the_server_keeps_serving(served, inputs, message):

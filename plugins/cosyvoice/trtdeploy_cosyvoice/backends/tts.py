@@ -27,12 +27,12 @@ from trtdeploy.backend_utils import (
     ModelParameters,
     RequestError,
     call_model,
-    check_sampling,
     decode_text,
     error_response,
     generate_segment,
     has_input,
     optional_scalar,
+    read_sampling,
     reference_wav,
     row_tensor,
     segment_seed,
@@ -169,15 +169,9 @@ class TritonPythonModel:
             wav=wav,
             speaker_id=speaker_id,
             max_tokens=max_tokens,
-            temperature=float(optional_scalar(request, "temperature", self.defaults["temperature"])),
-            top_k=int(optional_scalar(request, "top_k", self.defaults["top_k"])),
-            top_p=float(optional_scalar(request, "top_p", self.defaults["top_p"])),
-            repetition_penalty=float(
-                optional_scalar(request, "repetition_penalty", self.defaults["repetition_penalty"])
-            ),
+            **read_sampling(request, self.defaults),
             seed=None if seed is None else int(seed),
         )
-        check_sampling(job.temperature, job.top_k, job.top_p, job.repetition_penalty)
         return job
 
     # --- serving it --------------------------------------------------------------------------------------------

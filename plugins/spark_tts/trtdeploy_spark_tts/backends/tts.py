@@ -33,12 +33,12 @@ from trtdeploy.backend_utils import (
     ModelParameters,
     RequestError,
     call_model,
-    check_sampling,
     decode_text,
     error_response,
     generate_segment,
     has_input,
     optional_scalar,
+    read_sampling,
     reference_wav,
     row_tensor,
 )
@@ -143,12 +143,7 @@ class TritonPythonModel:
             reference_text=reference_text,
             target_text=target_text,
             max_tokens=max_tokens,
-            temperature=float(optional_scalar(request, "temperature", self.defaults["temperature"])),
-            top_k=int(optional_scalar(request, "top_k", self.defaults["top_k"])),
-            top_p=float(optional_scalar(request, "top_p", self.defaults["top_p"])),
-            repetition_penalty=float(
-                optional_scalar(request, "repetition_penalty", self.defaults["repetition_penalty"])
-            ),
+            **read_sampling(request, self.defaults),
             seed=None if seed is None else int(seed),
             stream_format=stream_format or self.stream_format,
         )
@@ -157,7 +152,6 @@ class TritonPythonModel:
                 "stream_format 'overlapped' needs chunks that overlap, and this deployment's chunk_overlap_seconds "
                 "is 0: ask for stream_format 'finished', or rebuild with -o chunk_overlap_seconds=0.1"
             )
-        check_sampling(job.temperature, job.top_k, job.top_p, job.repetition_penalty)
         return job
 
     # --- serving it --------------------------------------------------------------------------------------------

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from trtdeploy.errors import UsageError
-from trtdeploy.perf.loadgen import Level
+from trtdeploy.perf.loadgen import Level, arrival_offsets
 from trtdeploy.perf.runner import InputSpec, LoadSettings
 from trtdeploy.perf.workload import RequestOptions
 
@@ -28,11 +29,28 @@ def test_closed_loop_shares_split_slots_and_requests_alike():
     assert [len(share.items) for share in idle] == [4, 0]
 
 
-def test_open_loop_shares_split_the_rate():
-    shares = Level(0, rows=tuple(range(9)), request_rate=30.0).shares(3, seed=1, warmup=False)
-    assert [share.rate for share in shares] == [10.0, 10.0, 10.0]
+def test_open_loop_shares_split_one_arrival_process():
+    level = Level(0, rows=tuple(range(9)), request_rate=30.0, arrival="gamma", burstiness=0.5)
+    shares = level.shares(3, seed=1, warmup=False)
     assert [len(share.items) for share in shares] == [3, 3, 3]
-    assert len({share.seed for share in shares}) == 3
+    merged = sorted(
+        (offset, seq) for share in shares for (seq, _, _), offset in zip(share.items, share.offsets_ns, strict=True)
+    )
+    (alone,) = level.shares(1, seed=1, warmup=False)
+    assert merged == sorted(zip(alone.offsets_ns, (seq for seq, _, _ in alone.items), strict=True))
+    assert alone.offsets_ns == tuple(arrival_offsets(9, 30.0, arrival="gamma", burstiness=0.5, seed=(1, 0, 0)))
+    assert level.shares(1, seed=1, warmup=True)[0].offsets_ns == ()  # no warmup requests
+
+
+@pytest.mark.parametrize(
+    ("arrival", "burstiness", "cv"),
+    [("poisson", 1.0, 1.0), ("gamma", 0.25, 2.0), ("gamma", 4.0, 0.5), ("constant", 1.0, 0.0)],
+)
+def test_arrival_processes_keep_the_rate_and_their_spread(arrival, burstiness, cv):
+    offsets = np.array(arrival_offsets(20000, 50.0, arrival=arrival, burstiness=burstiness, seed=(3,)))
+    gaps = np.diff(np.concatenate([[0], offsets])) / 1e9
+    assert abs(1 / gaps.mean() - 50.0) < 0.05 * 50.0
+    assert abs(gaps.std() / gaps.mean() - cv) < 0.05 * max(cv, 0.1)
 
 
 def _plan(levels):
@@ -85,6 +103,22 @@ def test_synthetic_inputs_give_every_request_its_own_prompt():
 def test_bad_load_settings(kwargs):
     with pytest.raises(UsageError):
         LoadSettings(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"arrival": "uniform", "request_rates": (5.0,)}, "--arrival 'uniform' is not one of poisson, gamma, constant"),
+        ({"arrival": "gamma"}, "--arrival gamma spaces open-loop requests"),
+        ({"arrival": "gamma", "request_rates": (5.0,), "burstiness": 0.0}, "--burstiness must be > 0"),
+        ({"request_rates": (5.0,), "burstiness": 2.0}, "--burstiness is the shape of gamma arrivals"),
+    ],
+)
+def test_arrival_settings_are_checked(kwargs, message):
+    with pytest.raises(UsageError, match=message):
+        LoadSettings(**kwargs)
+    levels = LoadSettings(request_rates=(5.0,), arrival="gamma", burstiness=0.5, num_requests=3).levels(rows=3)
+    assert (levels[0].arrival, levels[0].burstiness) == ("gamma", 0.5)
 
 
 def test_inputs_are_exclusive(tmp_path):

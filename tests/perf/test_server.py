@@ -159,6 +159,28 @@ def test_request_rate_levels(grpc):
 
 
 @pytest.mark.server
+@pytest.mark.parametrize(("arrival", "burstiness", "workers"), [("constant", 1.0, 1), ("gamma", 0.25, 2)])
+def test_requests_go_out_at_the_arrival_process_times(grpc, arrival, burstiness, workers):
+    """What was sent keeps the level's rate (within 10%) and the spread of its gaps (their coefficient of variation:
+    0 for constant gaps, 2 for gamma gaps of shape 0.25), with the load split over one or two processes."""
+    import numpy as np
+
+    from trtdeploy.perf.loadgen import arrival_offsets
+
+    load = LoadSettings(
+        request_rates=(20.0,), num_requests=40, arrival=arrival, burstiness=burstiness, workers=workers, seed=5
+    )
+    result = run(TextLLMWorkload("text_llm"), grpc, load, options=RequestOptions(max_tokens=1))
+    assert result.summary["arrival"] == {"process": arrival, "burstiness": burstiness}
+    sends = np.sort([rec.send_ns for rec in measured(result)]) / 1e9
+    gaps = np.diff(sends)
+    planned = np.diff(np.array(arrival_offsets(40, 20.0, arrival=arrival, burstiness=burstiness, seed=(5, 0, 0))))
+    assert len(sends) == 40 and abs((sends[-1] - sends[0]) / (planned.sum() / 1e9) - 1) < 0.1
+    planned_cv = planned.std() / planned.mean()
+    assert abs(gaps.std() / gaps.mean() - planned_cv) < 0.15 + 0.1 * planned_cv
+
+
+@pytest.mark.server
 def test_worker_processes_merge_their_records(grpc):
     load = LoadSettings(concurrency=(4,), num_requests=12, warmup=2, workers=2)
     result = run(TextLLMWorkload("text_llm_stream"), grpc, load, options=RequestOptions(max_tokens=3))

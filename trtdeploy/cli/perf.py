@@ -62,8 +62,22 @@ def perf(
         str | None, typer.Option("--concurrency", "-c", help="Closed-loop levels, e.g. 1,2,4 (default 1).")
     ] = None,
     request_rate: Annotated[
-        str | None, typer.Option(help="Open-loop levels in requests/s (Poisson arrivals), e.g. 5,10.")
+        str | None, typer.Option(help="Open-loop levels in requests/s (Poisson arrivals unless --arrival), e.g. 5,10.")
     ] = None,
+    arrival: Annotated[
+        Literal["poisson", "gamma", "constant"],
+        typer.Option(
+            help="How open-loop requests are spaced: Poisson, gamma gaps (see --burstiness), or one every "
+            "1/rate seconds."
+        ),
+    ] = "poisson",
+    burstiness: Annotated[
+        float,
+        typer.Option(
+            help="--arrival gamma: the gaps' shape; below 1 burstier than Poisson (their coefficient of variation "
+            "is 1/sqrt(burstiness)), above 1 steadier."
+        ),
+    ] = 1.0,
     num_requests: Annotated[
         int | None,
         typer.Option(
@@ -230,6 +244,8 @@ def perf(
             timeout_s=timeout,
             seed=seed,
             reuse_rows=reuse_rows,
+            arrival=arrival,
+            burstiness=burstiness,
         ),
         inputs=InputSpec(
             input_data=input_data,

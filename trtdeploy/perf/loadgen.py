@@ -1,10 +1,11 @@
-"""The load: closed-loop concurrency levels and open-loop (Poisson) request rates, in one or more processes.
+"""The load: closed-loop concurrency levels and open-loop request rates, in one or more processes.
 
 Closed loop: each of N slots sends its next request as soon as its last one is complete (one shared queue of
-requests per process, so no slot idles while another has work left). Open loop: requests are sent at Poisson
-arrival times whatever is in flight. The warmup requests of a level are sent the same way but excluded from the
-metrics. With ``workers`` > 1 the slots (or the rate) are split across spawned processes, each with its own
-connection, and their records are merged; ``time.perf_counter_ns`` is the system-wide monotonic clock on Linux,
+requests per process, so no slot idles while another has work left). Open loop: requests are sent at the times of
+an arrival process (Poisson, gamma with a burstiness, or constant gaps; :data:`ARRIVALS`) whatever is in flight.
+The warmup requests of a level are sent the same way but excluded from the metrics. With ``workers`` > 1 the slots
+(or the requests of the one arrival process, with their times) are split across spawned processes, each with its
+own connection, and their records are merged; ``time.perf_counter_ns`` is the system-wide monotonic clock on Linux,
 so times from different processes compare.
 
 A complete request is decoded through the workload after the next request of its slot has gone out, and handed to
@@ -57,14 +58,36 @@ class PhaseResult:
     cpu_s: list[float]
 
 
+#: How an open-loop level spaces its requests: exponential gaps (Poisson arrivals), gamma gaps of shape
+#: ``burstiness`` (below 1 burstier than Poisson, above 1 steadier; 1 is Poisson), or equal gaps.
+ARRIVALS = ("poisson", "gamma", "constant")
+
+
+def arrival_offsets(
+    count: int, rate: float, *, arrival: str = "poisson", burstiness: float = 1.0, seed: Sequence[int] = (0,)
+) -> list[int]:
+    """When each of ``count`` requests is due, in ns after the first gap starts, at ``rate`` requests/s on
+    average."""
+    import numpy as np
+
+    mean_ns = 1e9 / rate
+    if arrival == "constant":
+        gaps = np.full(count, mean_ns)
+    elif arrival == "gamma":
+        gaps = np.random.default_rng(list(seed)).gamma(burstiness, mean_ns / burstiness, count)
+    else:
+        gaps = np.random.default_rng(list(seed)).exponential(mean_ns, count)
+    return np.cumsum(gaps).astype(np.int64).tolist()
+
+
 @dataclass(frozen=True)
 class Share:
-    """What one process sends during a level."""
+    """What one process sends during a level: closed loop, its items over ``slots``; open loop, each item when
+    its offset (ns after the phase starts) is due."""
 
     items: list[Item]
-    slots: int = 0  # closed loop
-    rate: float | None = None  # open loop, requests/s
-    seed: tuple[int, ...] = (0,)
+    slots: int = 0
+    offsets_ns: tuple[int, ...] | None = None
 
 
 def level_label(concurrency: int | None, request_rate: float | None) -> str:
@@ -84,6 +107,9 @@ class Level:
     request_rate: float | None = None
     #: Measured requests whose row an earlier request of the run (this level's warmup included) was sent.
     reused_rows: int = 0
+    #: Open loop: how the requests are spaced (:data:`ARRIVALS`) and the gamma shape.
+    arrival: str = "poisson"
+    burstiness: float = 1.0
 
     @property
     def num_requests(self) -> int:
@@ -104,17 +130,25 @@ class Level:
         return [(self.warmup + j, row, False) for j, row in enumerate(self.rows)]
 
     def shares(self, workers: int, seed: int, *, warmup: bool) -> list[Share]:
-        """Split a phase across ``workers`` processes: slots round-robin, requests in proportion to slots."""
+        """Split a phase across ``workers`` processes: closed loop, slots round-robin and requests in proportion
+        to slots; open loop, the requests round-robin with their times from one arrival process, so that the
+        processes together send the level's shape."""
         items = self.items(warmup=warmup)
-        seeds = [(seed, self.index, w, int(warmup)) for w in range(workers)]
         if self.request_rate is not None:
-            return [Share(items[w::workers], rate=self.request_rate / workers, seed=seeds[w]) for w in range(workers)]
+            offsets = arrival_offsets(
+                len(items),
+                self.request_rate,
+                arrival=self.arrival,
+                burstiness=self.burstiness,
+                seed=(seed, self.index, int(warmup)),
+            )
+            return [Share(items[w::workers], offsets_ns=tuple(offsets[w::workers])) for w in range(workers)]
         assert self.concurrency is not None
         owners = [slot % workers for slot in range(self.concurrency)]
         per_worker: list[list[Item]] = [[] for _ in range(workers)]
         for position, item in enumerate(items):
             per_worker[owners[position % self.concurrency]].append(item)
-        return [Share(per_worker[w], slots=owners.count(w), seed=seeds[w]) for w in range(workers)]
+        return [Share(per_worker[w], slots=owners.count(w)) for w in range(workers)]
 
 
 class LevelRunner:
@@ -163,7 +197,7 @@ class LevelRunner:
         cpu = time.process_time()
         consumer = asyncio.ensure_future(self._consume())
         try:
-            if share.rate is None:
+            if share.offsets_ns is None:
                 items = iter(share.items)
                 callers = [self.transport.caller(stream=self.stream) for _ in range(share.slots)]  # a stream per slot
                 self._tasks = [asyncio.ensure_future(self._slot(items, call)) for call in callers]
@@ -236,12 +270,9 @@ class LevelRunner:
                 raise
 
     async def _open_loop(self, share: Share) -> None:
-        import numpy as np
-
-        assert share.rate is not None
+        assert share.offsets_ns is not None
         call = self.transport.caller(stream=self.stream)  # one stream for all
-        gaps = np.random.default_rng(list(share.seed)).exponential(1e9 / share.rate, len(share.items))
-        offsets = np.cumsum(gaps).astype(np.int64).tolist()
+        offsets = share.offsets_ns
         tasks: set[asyncio.Future[None]] = set()
         start = time.perf_counter_ns()
         try:

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from ..errors import PerfError, ServerError, UsageError
 from .control import ControlClient, failure_reason, within
 from .control import Protocol as Transport
-from .loadgen import Level, LocalDriver, PhaseResult, WorkerPool, WorkerSpec, level_label
+from .loadgen import ARRIVALS, Level, LocalDriver, PhaseResult, WorkerPool, WorkerSpec, level_label
 from .metrics import DEFINITIONS, LevelStats, check_slo
 from .records import Record
 from .stats import GaugeSampler, Snapshot, server_delta, snapshot
@@ -98,7 +98,8 @@ class LoadSettings:
     closed loop max(4 x concurrency, the rows' share), open loop max(10 s of arrivals, the rows' share), where the
     share divides the rows left after the warmups evenly among the levels (all of them with ``reuse_rows``), and
     synthetic inputs count SYNTHETIC_MIN. Warmup requests per level (``warmup`` None): one per slot (the
-    concurrency) in closed loop, none in open loop.
+    concurrency) in closed loop, none in open loop. Open-loop requests come at the times of ``arrival``
+    (:data:`~trtdeploy.perf.loadgen.ARRIVALS`): Poisson, gamma gaps of shape ``burstiness``, or constant gaps.
     """
 
     concurrency: tuple[int, ...] = (1,)
@@ -109,10 +110,22 @@ class LoadSettings:
     timeout_s: float = 600.0
     seed: int = 0
     reuse_rows: bool = False
+    arrival: str = "poisson"
+    burstiness: float = 1.0
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise UsageError(f"--workers must be >= 1, got {self.workers}")
+        if self.arrival not in ARRIVALS:
+            raise UsageError(f"--arrival {self.arrival!r} is not one of {', '.join(ARRIVALS)}")
+        if self.arrival != "poisson" and not self.request_rates:
+            raise UsageError(f"--arrival {self.arrival} spaces open-loop requests", hint="pass --request-rate too")
+        if not 0 < self.burstiness < math.inf:
+            raise UsageError(f"--burstiness must be > 0, got {self.burstiness:g}", hint="e.g. 0.5 (burstier)")
+        if self.burstiness != 1.0 and self.arrival != "gamma":
+            raise UsageError(
+                "--burstiness is the shape of gamma arrivals", hint="pass --arrival gamma with --burstiness"
+            )
         bad = [rate for rate in self.request_rates if not (0 < rate < math.inf)]
         if bad:
             raise UsageError(f"--request-rate values must be > 0, got {bad[0]:g}", hint="e.g. --request-rate 5,10")
@@ -158,7 +171,11 @@ class LoadSettings:
             for row in measured:
                 reused += row in used
                 used.add(row)
-            kind = {"request_rate": value} if self.request_rates else {"concurrency": int(value)}
+            kind = (
+                {"request_rate": value, "arrival": self.arrival, "burstiness": self.burstiness}
+                if self.request_rates
+                else {"concurrency": int(value)}
+            )
             levels.append(Level(index, measured, warmup_rows, reused_rows=reused, **kind))
         return levels
 
@@ -393,6 +410,7 @@ async def run_levels(
             "url": endpoint.url,
             "input_rows": len(rows),
             "input_reuse": "repeat" if load.reuse_rows else "fresh",
+            "arrival": {"process": load.arrival, "burstiness": load.burstiness} if load.request_rates else None,
             "options": asdict(options),
             "slo": slo,
             "workers": load.workers,

@@ -40,6 +40,9 @@ def test_open_loop_shares_split_one_arrival_process():
     assert merged == sorted(zip(alone.offsets_ns, (seq for seq, _, _ in alone.items), strict=True))
     assert alone.offsets_ns == tuple(arrival_offsets(9, 30.0, arrival="gamma", burstiness=0.5, seed=(1, 0, 0)))
     assert level.shares(1, seed=1, warmup=True)[0].offsets_ns == ()  # no warmup requests
+    assert [share.cap for share in shares] == [0, 0, 0]
+    capped = Level(0, rows=tuple(range(9)), request_rate=30.0, max_concurrency=5).shares(3, seed=1, warmup=False)
+    assert [share.cap for share in capped] == [2, 2, 1]
 
 
 @pytest.mark.parametrize(
@@ -112,6 +115,9 @@ def test_bad_load_settings(kwargs):
         ({"arrival": "gamma"}, "--arrival gamma spaces open-loop requests"),
         ({"arrival": "gamma", "request_rates": (5.0,), "burstiness": 0.0}, "--burstiness must be > 0"),
         ({"request_rates": (5.0,), "burstiness": 2.0}, "--burstiness is the shape of gamma arrivals"),
+        ({"max_concurrency": 4}, "--max-concurrency caps open-loop levels"),
+        ({"request_rates": (5.0,), "max_concurrency": 2, "workers": 3}, "--max-concurrency 2 is less than --workers 3"),
+        ({"request_rates": (5.0,), "max_concurrency": -1}, "--max-concurrency must be >= 0"),
     ],
 )
 def test_arrival_settings_are_checked(kwargs, message):

@@ -171,13 +171,24 @@ def test_requests_go_out_at_the_arrival_process_times(grpc, arrival, burstiness,
         request_rates=(20.0,), num_requests=40, arrival=arrival, burstiness=burstiness, workers=workers, seed=5
     )
     result = run(TextLLMWorkload("text_llm"), grpc, load, options=RequestOptions(max_tokens=1))
-    assert result.summary["arrival"] == {"process": arrival, "burstiness": burstiness}
+    assert result.summary["arrival"] == {"process": arrival, "burstiness": burstiness, "max_concurrency": 0}
     sends = np.sort([rec.send_ns for rec in measured(result)]) / 1e9
     gaps = np.diff(sends)
     planned = np.diff(np.array(arrival_offsets(40, 20.0, arrival=arrival, burstiness=burstiness, seed=(5, 0, 0))))
     assert len(sends) == 40 and abs((sends[-1] - sends[0]) / (planned.sum() / 1e9) - 1) < 0.1
     planned_cv = planned.std() / planned.mean()
     assert abs(gaps.std() / gaps.mean() - planned_cv) < 0.15 + 0.1 * planned_cv
+
+
+@pytest.mark.server
+def test_a_capped_open_loop_never_has_more_in_flight(grpc):
+    """At 200 requests/s of 50 ms requests about 10 would be in flight; capped at 2, the others wait their turn."""
+    load = LoadSettings(request_rates=(200.0,), num_requests=12, arrival="constant", max_concurrency=2)
+    result = run(TextLLMWorkload("text_llm_stream"), grpc, load, options=RequestOptions(max_tokens=10))
+    (level,) = result.summary["levels"]
+    assert level["requests"] == 12 and level["errors"] == 0
+    assert max_overlap(measured(result)) == 2
+    assert level["scheduling_lag_ms"]["max"] > 100  # the last ones waited for about 5 requests' turns
 
 
 @pytest.mark.server

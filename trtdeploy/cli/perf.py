@@ -78,6 +78,13 @@ def perf(
             "is 1/sqrt(burstiness)), above 1 steadier."
         ),
     ] = 1.0,
+    max_concurrency: Annotated[
+        int,
+        typer.Option(
+            help="Open loop: at most this many requests in flight (0: no cap); a request due meanwhile waits for "
+            "one to end, and its wait counts as scheduling lag."
+        ),
+    ] = 0,
     num_requests: Annotated[
         int | None,
         typer.Option(
@@ -246,6 +253,7 @@ def perf(
             reuse_rows=reuse_rows,
             arrival=arrival,
             burstiness=burstiness,
+            max_concurrency=max_concurrency,
         ),
         inputs=InputSpec(
             input_data=input_data,

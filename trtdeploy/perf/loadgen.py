@@ -88,6 +88,8 @@ class Share:
     items: list[Item]
     slots: int = 0
     offsets_ns: tuple[int, ...] | None = None
+    #: Open loop: at most this many requests in flight (0: no cap); a request due meanwhile waits for one to end.
+    cap: int = 0
 
 
 def level_label(concurrency: int | None, request_rate: float | None) -> str:
@@ -107,9 +109,10 @@ class Level:
     request_rate: float | None = None
     #: Measured requests whose row an earlier request of the run (this level's warmup included) was sent.
     reused_rows: int = 0
-    #: Open loop: how the requests are spaced (:data:`ARRIVALS`) and the gamma shape.
+    #: Open loop: how the requests are spaced (:data:`ARRIVALS`), the gamma shape, the most in flight (0: any).
     arrival: str = "poisson"
     burstiness: float = 1.0
+    max_concurrency: int = 0
 
     @property
     def num_requests(self) -> int:
@@ -142,7 +145,10 @@ class Level:
                 burstiness=self.burstiness,
                 seed=(seed, self.index, int(warmup)),
             )
-            return [Share(items[w::workers], offsets_ns=tuple(offsets[w::workers])) for w in range(workers)]
+            caps = [self.max_concurrency // workers + (w < self.max_concurrency % workers) for w in range(workers)]
+            return [
+                Share(items[w::workers], offsets_ns=tuple(offsets[w::workers]), cap=caps[w]) for w in range(workers)
+            ]
         assert self.concurrency is not None
         owners = [slot % workers for slot in range(self.concurrency)]
         per_worker: list[list[Item]] = [[] for _ in range(workers)]
@@ -274,6 +280,7 @@ class LevelRunner:
         call = self.transport.caller(stream=self.stream)  # one stream for all
         offsets = share.offsets_ns
         tasks: set[asyncio.Future[None]] = set()
+        in_flight = asyncio.Semaphore(share.cap) if share.cap else None
         start = time.perf_counter_ns()
         try:
             for (seq, row, warmup), offset in zip(share.items, offsets, strict=True):
@@ -281,11 +288,15 @@ class LevelRunner:
                 delay = due - time.perf_counter_ns()
                 if delay > 0:
                     await asyncio.sleep(delay / 1e9)
+                if in_flight is not None:  # the wait shows as the request's scheduling lag
+                    await in_flight.acquire()
                 rec = Record(seq, row, warmup)
                 rec.scheduled_ns = due
                 task = asyncio.ensure_future(self._send(call, rec))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
+                if in_flight is not None:
+                    task.add_done_callback(lambda _: in_flight.release())
             if tasks:
                 await asyncio.wait(tasks)
         except asyncio.CancelledError:

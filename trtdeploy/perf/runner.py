@@ -99,7 +99,8 @@ class LoadSettings:
     share divides the rows left after the warmups evenly among the levels (all of them with ``reuse_rows``), and
     synthetic inputs count SYNTHETIC_MIN. Warmup requests per level (``warmup`` None): one per slot (the
     concurrency) in closed loop, none in open loop. Open-loop requests come at the times of ``arrival``
-    (:data:`~trtdeploy.perf.loadgen.ARRIVALS`): Poisson, gamma gaps of shape ``burstiness``, or constant gaps.
+    (:data:`~trtdeploy.perf.loadgen.ARRIVALS`): Poisson, gamma gaps of shape ``burstiness``, or constant gaps; with
+    ``max_concurrency``, no more than that many in flight (a request due meanwhile waits for one to end).
     """
 
     concurrency: tuple[int, ...] = (1,)
@@ -112,6 +113,7 @@ class LoadSettings:
     reuse_rows: bool = False
     arrival: str = "poisson"
     burstiness: float = 1.0
+    max_concurrency: int = 0
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -122,6 +124,18 @@ class LoadSettings:
             raise UsageError(f"--arrival {self.arrival} spaces open-loop requests", hint="pass --request-rate too")
         if not 0 < self.burstiness < math.inf:
             raise UsageError(f"--burstiness must be > 0, got {self.burstiness:g}", hint="e.g. 0.5 (burstier)")
+        if self.max_concurrency < 0:
+            raise UsageError(f"--max-concurrency must be >= 0 (0: no cap), got {self.max_concurrency}")
+        if self.max_concurrency and not self.request_rates:
+            raise UsageError(
+                "--max-concurrency caps open-loop levels",
+                hint="pass --request-rate, or --concurrency for a closed loop",
+            )
+        if self.max_concurrency and self.max_concurrency < self.workers:
+            raise UsageError(
+                f"--max-concurrency {self.max_concurrency} is less than --workers {self.workers}",
+                hint="each client process needs one request in flight at least",
+            )
         if self.burstiness != 1.0 and self.arrival != "gamma":
             raise UsageError(
                 "--burstiness is the shape of gamma arrivals", hint="pass --arrival gamma with --burstiness"
@@ -172,7 +186,12 @@ class LoadSettings:
                 reused += row in used
                 used.add(row)
             kind = (
-                {"request_rate": value, "arrival": self.arrival, "burstiness": self.burstiness}
+                {
+                    "request_rate": value,
+                    "arrival": self.arrival,
+                    "burstiness": self.burstiness,
+                    "max_concurrency": self.max_concurrency,
+                }
                 if self.request_rates
                 else {"concurrency": int(value)}
             )
@@ -410,7 +429,9 @@ async def run_levels(
             "url": endpoint.url,
             "input_rows": len(rows),
             "input_reuse": "repeat" if load.reuse_rows else "fresh",
-            "arrival": {"process": load.arrival, "burstiness": load.burstiness} if load.request_rates else None,
+            "arrival": {"process": load.arrival, "burstiness": load.burstiness, "max_concurrency": load.max_concurrency}
+            if load.request_rates
+            else None,
             "options": asdict(options),
             "slo": slo,
             "workers": load.workers,

@@ -195,6 +195,7 @@ def apply_limits(settings: PerfSettings, deployment: Deployment, workload: Workl
             )
     if inputs.synthetic and inputs.isl is None:
         inputs = replace(inputs, isl=min(DEFAULT_ISL, max_in))
+    inputs = replace(inputs, caps=(max_in, max_out))
     if workload.family == "llm" and options.max_tokens is None:
         own = getattr(workload, "max_tokens", None)
         default = min(own if isinstance(own, int) else DEFAULT_OSL, max_out)
@@ -310,6 +311,8 @@ def benchmark(
     asr = settings.asr
     if workload.family != "llm" and settings.inputs.isl is not None:
         raise UsageError("--isl sets the prompt length of LLM workloads; speech inputs have no token length")
+    if workload.family != "llm" and (settings.inputs.isl_stddev or settings.inputs.osl_stddev):
+        raise UsageError("--isl-stddev and --osl-stddev vary the lengths of LLM prompts and answers only")
     if asr is not None and workload.family != "tts":
         raise UsageError(f"--asr/--asr-url scores speech; {workload.model_name!r} is not a TTS model")
     if settings.options.text_prefix is not None and workload.family != "asr":

@@ -12,7 +12,8 @@ import pytest
 
 from trtdeploy.errors import NetworkError, NotFoundError, UsageError
 from trtdeploy.perf.inputs import load_dataset_rows, load_jsonl, synthetic_prompts
-from trtdeploy.perf.llm import TextLLMWorkload, load_tokenizer
+from trtdeploy.perf.llm import TextLLMWorkload, TokenLLMWorkload, load_tokenizer
+from trtdeploy.perf.runner import InputSpec, LoadSettings
 
 
 def _write(path: Path, lines: list[str]) -> Path:
@@ -171,3 +172,40 @@ def test_a_dataset_file_that_cannot_be_parsed_is_a_one_line_error(tmp_path):
     with pytest.raises(UsageError, match="cannot read dataset .*: JSON parse error: The surrogate pair") as caught:
         load_dataset_rows(str(path))
     assert "\n" not in caught.value.message
+
+
+def test_synthetic_prompts_take_a_length_each(tiny_tokenizer):
+    tokenizer = load_tokenizer(tiny_tokenizer)
+    prompts = synthetic_prompts(tokenizer, 4, [3, 9, 1, 20], seed=3)
+    assert [len(tokenizer.encode(p, add_special_tokens=True)) for p in prompts] == [3, 9, 1, 20]
+
+
+def test_synthetic_lengths_are_drawn_around_isl_and_osl_within_the_deployments_limits(tiny_tokenizer):
+    import numpy as np
+
+    workload = TokenLLMWorkload("tensorrt_llm", tiny_tokenizer)
+    load = LoadSettings(concurrency=(1,), num_requests=300, warmup=0)
+    rows = InputSpec(isl=40, osl=20, isl_stddev=8, osl_stddev=4, caps=(1000, 1000)).load(workload, load)
+    inputs = np.array([len(workload.prompt_ids(row.input)) for row in rows])
+    outputs = np.array([row.max_tokens for row in rows])
+    assert len(rows) == 300 and abs(inputs.mean() - 40) < 1.5 and abs(inputs.std() - 8) < 1.5
+    assert abs(outputs.mean() - 20) < 1 and abs(outputs.std() - 4) < 1
+    capped = InputSpec(isl=40, osl=20, isl_stddev=8, osl_stddev=4, caps=(44, 22)).load(workload, load)
+    assert max(len(workload.prompt_ids(row.input)) for row in capped) == 44
+    assert max(row.max_tokens for row in capped) == 22 and min(row.max_tokens for row in capped) >= 1
+    steady = InputSpec(isl=40, osl=20).load(workload, load)
+    assert {len(workload.prompt_ids(row.input)) for row in steady} == {40}
+    assert {row.max_tokens for row in steady} == {20}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"isl_stddev": -1.0}, "--isl-stddev must be >= 0"),
+        ({"osl_stddev": 3.0}, "--osl-stddev varies the output length around --osl"),
+        ({"isl_stddev": 3.0, "dataset": "some/data"}, "--isl-stddev and --osl-stddev vary synthetic prompts"),
+    ],
+)
+def test_length_spreads_are_checked(kwargs, message):
+    with pytest.raises(UsageError, match=message):
+        InputSpec(**kwargs)

@@ -426,6 +426,26 @@ def test_defaults_follow_the_deployment_limits(fake_server, make_deployment, tmp
     assert result.summary["options"]["max_tokens"] == 5 and result.summary["input"] == "synthetic isl=12"
 
 
+@pytest.mark.server
+def test_drawn_lengths_reach_the_server_within_the_deployment_limits(fake_server, make_deployment, tmp_path):
+    deployment = make_deployment(max_input_len=24, max_output_len=8)
+    settings = PerfSettings(
+        deployment=deployment,
+        url=fake_server.grpc_url,
+        model="tensorrt_llm",
+        load=LoadSettings(concurrency=(4,), num_requests=40, warmup=0),
+        inputs=InputSpec(isl=16, osl=5, isl_stddev=6, osl_stddev=3),
+        options=RequestOptions(ignore_eos=True),
+        output_dir=tmp_path / "out",
+        plots=False,
+    )
+    result = benchmark(settings)
+    level = result.summary["levels"][0]
+    assert level["errors"] == 0 and result.summary["input"] == "synthetic isl=16±6"
+    assert 1 <= level["input_tokens"]["min"] < 16 < level["input_tokens"]["max"] <= 24
+    assert 1 <= level["output_tokens"]["min"] < 5 < level["output_tokens"]["max"] <= 8
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -142,6 +142,20 @@ def perf(
             "more is refused). ASR: the transcript's length cap (MAX_NEW_TOKENS), none by default."
         ),
     ] = None,
+    isl_stddev: Annotated[
+        float,
+        typer.Option(
+            help="Synthetic LLM prompts: each one's length drawn from a normal distribution around --isl with this "
+            "standard deviation (clipped to 1..max_input_len)."
+        ),
+    ] = 0.0,
+    osl_stddev: Annotated[
+        float,
+        typer.Option(
+            help="Each synthetic request's output length drawn around --osl with this standard deviation (clipped "
+            "to 1..max_output_len)."
+        ),
+    ] = 0.0,
     ignore_eos: Annotated[
         bool,
         typer.Option(
@@ -263,6 +277,8 @@ def perf(
             reference_column=reference_column,
             isl=isl,
             osl=osl,
+            isl_stddev=isl_stddev,
+            osl_stddev=osl_stddev,
         ),
         options=RequestOptions(
             max_tokens=osl,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -198,12 +198,12 @@ def load_split(source: str, split: str | None) -> Any:
 def synthetic_prompts(
     tokenizer: PreTrainedTokenizerBase,
     count: int,
-    length: int,
+    length: int | Sequence[int],
     *,
     seed: int,
     prompt_ids: Callable[[str], list[int]] | None = None,
 ) -> list[str]:
-    """``count`` random prompts that the model sees as exactly ``length`` tokens.
+    """``count`` random prompts that the model sees as exactly ``length`` tokens (or ``length[i]`` for the i-th).
 
     ``prompt_ids`` gives the ids the deployment makes of a prompt (a chat template and special tokens included;
     default: ``tokenizer.encode`` with its special tokens). Each prompt depends only on ``(seed, its index)``, so a
@@ -213,8 +213,12 @@ def synthetic_prompts(
 
     encode = prompt_ids or (lambda text: tokenizer.encode(text, add_special_tokens=True))
     overhead = len(encode(""))
-    if length - overhead < 1:
-        raise UsageError(f"--isl {length} is too short for this deployment: it adds {overhead} tokens to every prompt")
+    lengths = [length] * count if isinstance(length, int) else list(length)
+    if lengths and min(lengths) - overhead < 1:
+        raise UsageError(
+            f"--isl {min(lengths)} is too short for this deployment: it adds {overhead} tokens to every prompt",
+            hint="ask for longer prompts (or a smaller --isl-stddev)" if not isinstance(length, int) else None,
+        )
     special = set(tokenizer.all_special_ids)
     candidates = [i for i in range(len(tokenizer)) if i not in special]
     pieces = tokenizer.batch_decode([[i] for i in candidates])
@@ -228,7 +232,7 @@ def synthetic_prompts(
     if vocab.size == 0:
         raise UsageError("this tokenizer has no printable tokens to build synthetic prompts from")
     prompts = []
-    for index in range(count):
+    for index, length in enumerate(lengths):
         rng = np.random.default_rng([seed, index])
         content = length - overhead
         for _ in range(8):  # the words may merge with what the template puts around them: adjust and retry

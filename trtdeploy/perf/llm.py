@@ -96,11 +96,14 @@ class _LLMWorkload(Workload):
         """Tokens of generated text (no special tokens added)."""
         return len(self.tokenizer.encode(text, add_special_tokens=False)) if text else 0
 
-    def synthetic_rows(self, count: int, *, input_tokens: int, output_tokens: int | None, seed: int) -> list[InputRow]:
+    def synthetic_rows(
+        self, count: int, *, input_tokens: int | Sequence[int], output_tokens: int | Sequence[int] | None, seed: int
+    ) -> list[InputRow]:
         from .inputs import synthetic_prompts
 
         prompts = synthetic_prompts(self.tokenizer, count, input_tokens, seed=seed, prompt_ids=self.prompt_ids)
-        return [InputRow(input=prompt, max_tokens=output_tokens) for prompt in prompts]
+        lengths = [output_tokens] * count if output_tokens is None or isinstance(output_tokens, int) else output_tokens
+        return [InputRow(input=prompt, max_tokens=length) for prompt, length in zip(prompts, lengths, strict=True)]
 
     def _validate_options(self, model: ModelInfo, options: RequestOptions) -> None:
         wanted = model.sampling_inputs(options)

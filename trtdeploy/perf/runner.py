@@ -227,6 +227,12 @@ class InputSpec:
     reference_column: str | None = None
     isl: int | None = None
     osl: int | None = None
+    #: Synthetic LLM inputs: each row's prompt and output length drawn from a normal distribution around
+    #: ``isl``/``osl`` with these standard deviations (0: every row the same), rounded and clipped to 1..``caps``.
+    isl_stddev: float = 0.0
+    osl_stddev: float = 0.0
+    #: The deployment's (max_input_len, max_output_len), which drawn lengths do not pass (set by the run).
+    caps: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         given = [
@@ -241,6 +247,13 @@ class InputSpec:
         for name, value in (("--isl", self.isl), ("--osl", self.osl)):
             if value is not None and value < 1:
                 raise UsageError(f"{name} must be >= 1, got {value}")
+        for name, value in (("--isl-stddev", self.isl_stddev), ("--osl-stddev", self.osl_stddev)):
+            if not 0 <= value < math.inf:
+                raise UsageError(f"{name} must be >= 0, got {value:g}")
+        if (self.isl_stddev or self.osl_stddev) and not self.synthetic:
+            raise UsageError("--isl-stddev and --osl-stddev vary synthetic prompts", hint="leave out the input data")
+        if self.osl_stddev and self.osl is None:
+            raise UsageError("--osl-stddev varies the output length around --osl", hint="pass --osl too")
 
     @property
     def synthetic(self) -> bool:
@@ -253,7 +266,10 @@ class InputSpec:
             return self.dataset + (f" [{self.split}]" if self.split else "")
         if family == "asr":
             return "synthetic speech (no reference transcripts: no WER/CER)"
-        return "synthetic voices and sentences" if family == "tts" else f"synthetic isl={self.isl or DEFAULT_ISL}"
+        if family == "tts":
+            return "synthetic voices and sentences"
+        spread = f"±{self.isl_stddev:g}" if self.isl_stddev else ""
+        return f"synthetic isl={self.isl or DEFAULT_ISL}{spread}"
 
     def load(self, workload: Workload, load: LoadSettings) -> list[InputRow]:
         if self.input_data is not None:
@@ -262,9 +278,25 @@ class InputSpec:
             return workload.load_dataset(
                 self.dataset, split=self.split, column=self.column, reference_column=self.reference_column
             )
+        count = load.synthetic_rows()
+        caps = self.caps or (math.inf, math.inf)
+        isl = self.isl or DEFAULT_ISL
         return workload.synthetic_rows(
-            load.synthetic_rows(), input_tokens=self.isl or DEFAULT_ISL, output_tokens=self.osl, seed=load.seed
+            count,
+            input_tokens=_drawn(isl, self.isl_stddev, count, caps[0], (load.seed, 0)) if self.isl_stddev else isl,
+            output_tokens=_drawn(self.osl, self.osl_stddev, count, caps[1], (load.seed, 1))
+            if self.osl_stddev and self.osl is not None
+            else self.osl,
+            seed=load.seed,
         )
+
+
+def _drawn(mean: int, stddev: float, count: int, cap: float, seed: tuple[int, ...]) -> list[int]:
+    """``count`` lengths from a normal distribution, rounded and clipped to 1..``cap``."""
+    import numpy as np
+
+    values = np.random.default_rng(list(seed)).normal(mean, stddev, count)
+    return np.clip(np.rint(values), 1, cap).astype(int).tolist()
 
 
 @dataclass

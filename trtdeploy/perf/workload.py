@@ -252,9 +252,11 @@ class Workload(ABC):
         """Rows of ``--dataset SOURCE``. The default reads a prompt column (and a reference column) as text."""
         return load_dataset_rows(source, split=split, column=column, reference_column=reference_column)
 
-    def synthetic_rows(self, count: int, *, input_tokens: int, output_tokens: int | None, seed: int) -> list[InputRow]:
+    def synthetic_rows(
+        self, count: int, *, input_tokens: int | Sequence[int], output_tokens: int | Sequence[int] | None, seed: int
+    ) -> list[InputRow]:
         """``count`` synthetic rows of exactly ``input_tokens`` tokens, asking for ``output_tokens`` (``--isl/--osl``;
-        None: the run's default)."""
+        None: the run's default); a sequence gives each row its own (LLM workloads, ``--isl-stddev``)."""
         raise UsageError(f"the {type(self).__name__} workload has no synthetic inputs (--isl/--osl)")
 
     def retarget(self, model_name: str) -> Workload:

@@ -198,6 +198,18 @@ def test_synthetic_lengths_are_drawn_around_isl_and_osl_within_the_deployments_l
     assert {row.max_tokens for row in steady} == {20}
 
 
+def test_drawn_prompts_keep_a_token_beyond_what_the_chat_template_adds(tmp_path):
+    from trtdeploy.checkpoints import write_bpe_tokenizer
+
+    write_bpe_tokenizer(tmp_path)  # with Qwen's chat template
+    workload = TextLLMWorkload("text_llm", tmp_path, chat_template=True)
+    overhead = len(workload.prompt_ids(""))
+    load = LoadSettings(concurrency=(1,), num_requests=60, warmup=0)
+    rows = InputSpec(isl=overhead + 4, isl_stddev=8, caps=(1000, 1000)).load(workload, load)
+    lengths = [len(workload.prompt_ids(row.input)) for row in rows]
+    assert overhead > 0 and min(lengths) == overhead + 1 and max(lengths) > overhead + 4
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

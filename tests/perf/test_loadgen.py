@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from trtdeploy.errors import UsageError
-from trtdeploy.perf.loadgen import Level, arrival_offsets
+from trtdeploy.perf.loadgen import Level, arrival_offsets, arrival_seed
 from trtdeploy.perf.runner import InputSpec, LoadSettings
 from trtdeploy.perf.workload import RequestOptions
 
@@ -38,11 +38,19 @@ def test_open_loop_shares_split_one_arrival_process():
     )
     (alone,) = level.shares(1, seed=1, warmup=False)
     assert merged == sorted(zip(alone.offsets_ns, (seq for seq, _, _ in alone.items), strict=True))
-    assert alone.offsets_ns == tuple(arrival_offsets(9, 30.0, arrival="gamma", burstiness=0.5, seed=(1, 0, 0)))
+    seed = arrival_seed(1, 0, warmup=False)
+    assert alone.offsets_ns == tuple(arrival_offsets(9, 30.0, arrival="gamma", burstiness=0.5, seed=seed))
     assert level.shares(1, seed=1, warmup=True)[0].offsets_ns == ()  # no warmup requests
     assert [share.cap for share in shares] == [0, 0, 0]
-    capped = Level(0, rows=tuple(range(9)), request_rate=30.0, max_concurrency=5).shares(3, seed=1, warmup=False)
-    assert [share.cap for share in capped] == [2, 2, 1]
+
+
+def test_a_capped_open_loop_gives_each_process_requests_in_proportion_to_its_slots():
+    level = Level(0, rows=tuple(range(9)), request_rate=30.0, max_concurrency=5)
+    capped = level.shares(3, seed=1, warmup=False)
+    assert [share.cap for share in capped] == [2, 2, 1] and [len(share.items) for share in capped] == [4, 3, 2]
+    (alone,) = level.shares(1, seed=1, warmup=False)
+    merged = sorted(offset for share in capped for offset in share.offsets_ns)
+    assert merged == sorted(alone.offsets_ns) and alone.cap == 5
 
 
 @pytest.mark.parametrize(

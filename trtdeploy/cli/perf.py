@@ -82,7 +82,8 @@ def perf(
         int,
         typer.Option(
             help="Open loop: at most this many requests in flight (0: no cap); a request due meanwhile waits for "
-            "one to end, and its wait counts as scheduling lag."
+            "one to end, and its wait counts as scheduling lag. With --workers, each process caps its share (the "
+            "cap split among them, the requests in proportion)."
         ),
     ] = 0,
     num_requests: Annotated[
@@ -146,7 +147,8 @@ def perf(
         float,
         typer.Option(
             help="Synthetic LLM prompts: each one's length drawn from a normal distribution around --isl with this "
-            "standard deviation (clipped to 1..max_input_len)."
+            "standard deviation (clipped to the deployment's max_input_len, and at least one token beyond what its "
+            "preprocessing adds)."
         ),
     ] = 0.0,
     osl_stddev: Annotated[
@@ -160,8 +162,8 @@ def perf(
         bool,
         typer.Option(
             "--ignore-eos",
-            help="Generate past end-of-sequence: exactly --osl tokens (end_id -1; ASR: IGNORE_EOS, and without --osl "
-            "each row's max_tokens).",
+            help="Generate past end-of-sequence: exactly --osl tokens, or each request's drawn length with "
+            "--osl-stddev (end_id -1; ASR: IGNORE_EOS, and without --osl each row's max_tokens).",
         ),
     ] = False,
     temperature: Annotated[

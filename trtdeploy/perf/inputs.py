@@ -203,7 +203,8 @@ def synthetic_prompts(
     seed: int,
     prompt_ids: Callable[[str], list[int]] | None = None,
 ) -> list[str]:
-    """``count`` random prompts that the model sees as exactly ``length`` tokens (or ``length[i]`` for the i-th).
+    """``count`` random prompts that the model sees as exactly ``length`` tokens (or ``length[i]`` for the i-th,
+    at least one token beyond what the deployment adds to every prompt).
 
     ``prompt_ids`` gives the ids the deployment makes of a prompt (a chat template and special tokens included;
     default: ``tokenizer.encode`` with its special tokens). Each prompt depends only on ``(seed, its index)``, so a
@@ -213,12 +214,14 @@ def synthetic_prompts(
 
     encode = prompt_ids or (lambda text: tokenizer.encode(text, add_special_tokens=True))
     overhead = len(encode(""))
-    lengths = [length] * count if isinstance(length, int) else list(length)
-    if lengths and min(lengths) - overhead < 1:
-        raise UsageError(
-            f"--isl {min(lengths)} is too short for this deployment: it adds {overhead} tokens to every prompt",
-            hint="ask for longer prompts (or a smaller --isl-stddev)" if not isinstance(length, int) else None,
-        )
+    if isinstance(length, int):
+        if length - overhead < 1:
+            raise UsageError(
+                f"--isl {length} is too short for this deployment: it adds {overhead} tokens to every prompt"
+            )
+        lengths = [length] * count
+    else:  # drawn lengths: the shortest prompt is one token beyond what the deployment adds
+        lengths = [max(drawn, overhead + 1) for drawn in length]
     special = set(tokenizer.all_special_ids)
     candidates = [i for i in range(len(tokenizer)) if i not in special]
     pieces = tokenizer.batch_decode([[i] for i in candidates])

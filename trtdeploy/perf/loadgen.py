@@ -41,6 +41,8 @@ BACKOFF_S = 0.05
 BACKOFF_MAX_S = 1.0
 #: Seconds worker processes get to hand over their records after an interrupt.
 WORKER_FLUSH_S = 5.0
+#: How far ahead of now the parent sets the start of an open-loop phase's arrival times that it sends its workers.
+GO_LEAD_NS = 20_000_000
 #: Called with (requests complete, requests failed) of the running phase.
 ProgressCallback = Callable[[int, int], None]
 #: Where each complete, decoded record goes.
@@ -61,6 +63,17 @@ class PhaseResult:
 #: How an open-loop level spaces its requests: exponential gaps (Poisson arrivals), gamma gaps of shape
 #: ``burstiness`` (below 1 burstier than Poisson, above 1 steadier; 1 is Poisson), or equal gaps.
 ARRIVALS = ("poisson", "gamma", "constant")
+
+
+#: Keeps the random streams of arrivals (and of drawn lengths, in the runner) apart from the synthetic prompts',
+#: which are seeded (run seed, row index): numpy pads shorter seeds with zeros, so a tag beyond any row index is
+#: what tells them apart.
+ARRIVAL_STREAM = 1 << 40
+
+
+def arrival_seed(seed: int, level: int, warmup: bool) -> tuple[int, ...]:
+    """The seed of a level's arrival times (of its warmup or measured phase) in a run seeded ``seed``."""
+    return (seed, ARRIVAL_STREAM, level, int(warmup))
 
 
 def arrival_offsets(
@@ -143,11 +156,22 @@ class Level:
                 self.request_rate,
                 arrival=self.arrival,
                 burstiness=self.burstiness,
-                seed=(seed, self.index, int(warmup)),
+                seed=arrival_seed(seed, self.index, warmup),
             )
-            caps = [self.max_concurrency // workers + (w < self.max_concurrency % workers) for w in range(workers)]
+            if not self.max_concurrency:
+                return [Share(items[w::workers], offsets_ns=tuple(offsets[w::workers])) for w in range(workers)]
+            # each process caps its share: the cap's slots round-robin, the requests in proportion to them
+            owners = [slot % workers for slot in range(self.max_concurrency)]
+            picked: list[list[int]] = [[] for _ in range(workers)]
+            for position in range(len(items)):
+                picked[owners[position % self.max_concurrency]].append(position)
             return [
-                Share(items[w::workers], offsets_ns=tuple(offsets[w::workers]), cap=caps[w]) for w in range(workers)
+                Share(
+                    [items[i] for i in picked[w]],
+                    offsets_ns=tuple(offsets[i] for i in picked[w]),
+                    cap=owners.count(w),
+                )
+                for w in range(workers)
             ]
         assert self.concurrency is not None
         owners = [slot % workers for slot in range(self.concurrency)]
@@ -175,6 +199,7 @@ class LevelRunner:
         #: CPU seconds this process spent in the last :meth:`run` (all its threads: grpc's included).
         self.cpu_s = 0.0
         self._abort: str | None = None
+        self._start_ns: int | None = None
         self._sink_error: Exception | None = None
         self._tasks: list[asyncio.Future[Any]] = []
         self._complete: deque[Record] = deque()
@@ -190,8 +215,10 @@ class LevelRunner:
     async def close(self) -> None:
         await self.transport.close()
 
-    async def run(self, share: Share, level: int, sink: RecordSink) -> None:
+    async def run(self, share: Share, level: int, sink: RecordSink, *, start_ns: int | None = None) -> None:
         """Send ``share`` (of level ``level``); every record, failed or not, goes to ``sink`` once decoded.
+        Open loop: the offsets count from ``start_ns`` (``time.perf_counter_ns``; default: now), the one start
+        of every process's share.
 
         Cancelling this (Ctrl-C) fails the requests in flight as ``interrupted``, hands them to ``sink`` too, and
         re-raises.
@@ -199,6 +226,7 @@ class LevelRunner:
         self.done = self.errors = 0
         self._abort = self._sink_error = None
         self._level, self._sink = level, sink
+        self._start_ns = start_ns
         self._audio_rows.clear()
         cpu = time.process_time()
         consumer = asyncio.ensure_future(self._consume())
@@ -281,7 +309,7 @@ class LevelRunner:
         offsets = share.offsets_ns
         tasks: set[asyncio.Future[None]] = set()
         in_flight = asyncio.Semaphore(share.cap) if share.cap else None
-        start = time.perf_counter_ns()
+        start = self._start_ns or time.perf_counter_ns()
         try:
             for (seq, row, warmup), offset in zip(share.items, offsets, strict=True):
                 due = start + offset
@@ -455,11 +483,12 @@ async def _worker_loop(
                 continue  # an abort that came after the phase had ended
             level, share = args
             conn.send(("armed", None))
-            if conn.recv()[0] != "go":  # the parent gave up on this level ("stop")
+            command, *args = conn.recv()
+            if command != "go":  # the parent gave up on this level ("stop")
                 return
             batch: list[Record] = []
             tick = partial(_report_to_parent, conn, runner, batch)
-            await _ticking(PROGRESS_INTERVAL, tick, runner.run(share, level, batch.append))
+            await _ticking(PROGRESS_INTERVAL, tick, runner.run(share, level, batch.append, start_ns=args[0]))
             conn.send(("done", PhaseResult([runner.cpu_s])))
     finally:
         await runner.close()
@@ -550,8 +579,10 @@ class WorkerPool:
             if share.items:
                 conn.send(("run", level.index, share))
         await self._gather(active, "armed")
+        # one start for every process's arrival times, a little ahead so that each has it in time
+        start_ns = time.perf_counter_ns() + GO_LEAD_NS
         for conn in active:
-            conn.send(("go",))
+            conn.send(("go", start_ns))
         self._active = active
         counts: dict[Connection, tuple[int, int]] = {}
 

@@ -60,7 +60,8 @@ DEFINITIONS = {
     "server.metrics.gauges": "each Prometheus gauge sampled about every second while the level ran: min, mean, max",
     "underrun_requests": "TTS: requests with a chunk that arrived after the audio received before it had "
     "finished playing (playback starting at the first chunk)",
-    "scheduling_lag_ms": "request rate: send time minus the Poisson arrival time it was due at",
+    "scheduling_lag_ms": "request rate: send time minus the arrival time it was due at (with --max-concurrency, "
+    "the wait for a free slot too)",
     "client_cpu_utilization": "CPU seconds of the busiest client process / window; near 1 the client, not "
     "the server, may be the bottleneck",
     "asr": "TTS: intelligibility of the first measured request of each input row, transcribed by Whisper: "

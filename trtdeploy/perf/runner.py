@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from ..errors import PerfError, ServerError, UsageError
 from .control import ControlClient, failure_reason, within
 from .control import Protocol as Transport
-from .loadgen import ARRIVALS, Level, LocalDriver, PhaseResult, WorkerPool, WorkerSpec, level_label
+from .loadgen import ARRIVAL_STREAM, ARRIVALS, Level, LocalDriver, PhaseResult, WorkerPool, WorkerSpec, level_label
 from .metrics import DEFINITIONS, LevelStats, check_slo
 from .records import Record
 from .stats import GaugeSampler, Snapshot, server_delta, snapshot
@@ -269,7 +269,8 @@ class InputSpec:
         if family == "tts":
             return "synthetic voices and sentences"
         spread = f"±{self.isl_stddev:g}" if self.isl_stddev else ""
-        return f"synthetic isl={self.isl or DEFAULT_ISL}{spread}"
+        outputs = f", osl={self.osl}±{self.osl_stddev:g}" if self.osl_stddev else ""
+        return f"synthetic isl={self.isl or DEFAULT_ISL}{spread}{outputs}"
 
     def load(self, workload: Workload, load: LoadSettings) -> list[InputRow]:
         if self.input_data is not None:
@@ -283,12 +284,18 @@ class InputSpec:
         isl = self.isl or DEFAULT_ISL
         return workload.synthetic_rows(
             count,
-            input_tokens=_drawn(isl, self.isl_stddev, count, caps[0], (load.seed, 0)) if self.isl_stddev else isl,
-            output_tokens=_drawn(self.osl, self.osl_stddev, count, caps[1], (load.seed, 1))
+            input_tokens=_drawn(isl, self.isl_stddev, count, caps[0], (load.seed, LENGTH_STREAM, 0))
+            if self.isl_stddev
+            else isl,
+            output_tokens=_drawn(self.osl, self.osl_stddev, count, caps[1], (load.seed, LENGTH_STREAM, 1))
             if self.osl_stddev and self.osl is not None
             else self.osl,
             seed=load.seed,
         )
+
+
+#: The random stream of drawn lengths (see :data:`~trtdeploy.perf.loadgen.ARRIVAL_STREAM`).
+LENGTH_STREAM = ARRIVAL_STREAM + 1
 
 
 def _drawn(mean: int, stddev: float, count: int, cap: float, seed: tuple[int, ...]) -> list[int]:

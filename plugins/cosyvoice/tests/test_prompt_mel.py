@@ -41,3 +41,21 @@ def test_tokens_and_frames_are_cut_to_two_frames_a_token():
     assert len(tokens) == 175 and len(features) == 350
     tokens, features = align(np.arange(70), np.zeros((150, MEL_BINS)))
     assert len(tokens) == 70 and len(features) == 140
+
+
+def test_the_mel_is_matchas_recipe_as_torch_computes_it():
+    """The same frames as torch.stft over the reflect-padded 24 kHz wave (what the official front end runs)."""
+    import soxr
+    import torch
+    from trtdeploy_cosyvoice.prompt_mel import N_FFT
+
+    wave = np.random.default_rng(0).standard_normal(16000 * 3).astype(np.float32) * 0.1
+    for fmax in (8000.0, None):
+        mel = PromptMel(fmax=fmax)
+        samples = torch.from_numpy(soxr.resample(wave, 16000, 24000))
+        padded = torch.nn.functional.pad(samples[None, None], ((N_FFT - HOP) // 2,) * 2, mode="reflect")[0]
+        window = torch.hann_window(N_FFT)
+        spectrum = torch.stft(padded, N_FFT, HOP, N_FFT, window, center=False, return_complex=True)[0]
+        magnitude = torch.sqrt(spectrum.real**2 + spectrum.imag**2 + 1e-9)
+        expected = torch.log((torch.from_numpy(mel.filters).T @ magnitude).clamp_min(1e-5)).T.numpy()
+        assert np.abs(mel.features(wave) - expected).max() < 1e-4

@@ -62,6 +62,9 @@ class CosyVoiceOptions:
     #: The flow's precision on a GPU (fp16: as the official TensorRT plans run it; fp32 on the CPU whatever this
     #: says); the vocoder runs in fp32.
     flow_precision: str = "fp16"
+    #: Capture the flow's CUDA graphs when the server starts (about a minute on an H200, longer on smaller GPUs:
+    #: give `serve --timeout` room), rather than each on the first request that needs it.
+    flow_graphs_at_start: bool = True
     #: Streaming: speech tokens of the first chunk, then each chunk chunk_growth times the one before, at most
     #: max_chunk_tokens: 15, 30, 60, 100, ... (the official BLS: 15, then 25, 50, 100, 200, ...). At least 4: a
     #: chunk before the last must give the vocoder 8 mel frames (2 a token).
@@ -222,6 +225,11 @@ class CosyVoice(ModelSpec):
             )
         if ctx.point.engine == "trtllm":
             lines.append(self._engine_note(ctx))
+            lines.append(
+                "min_length holds back end_id alone, not the other stop tokens (stop words): an answer's tokens "
+                "before its minimum come from a call whose embedding_bias masks every stop token, the rest from a "
+                "second call that may stop"
+            )
             official = (
                 "caps it at 2560 tokens (max_tokens_in_paged_kv_cache, and max_attention_window_size 2560) with "
                 "kv_cache_free_gpu_mem_fraction 0.5, which caps concurrency whatever the batch size"

@@ -55,7 +55,9 @@ class TritonPythonModel:
             # CosyVoice3's audio is the vocoder model's
             parts=["flow", "vocoder"] if params.str("generation") == "cosyvoice2" else ["flow"],
             # before the first request: a graph captured on first use costs that request an eager run
-            capture_modes=(False, True) if params.bool("streaming") else (False,),
+            capture_modes=((False, True) if params.bool("streaming") else (False,))
+            if params.bool("flow_graphs_at_start")
+            else (),
         )
         self.makes_audio = self.model.generation == "cosyvoice2"
 

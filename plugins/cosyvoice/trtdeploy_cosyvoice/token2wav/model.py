@@ -404,6 +404,8 @@ class GraphedSolver:
         self.solver, self.max_batch, self.max_frames = solver, max_batch, max_frames
         sizes = {size for base in (smallest, smallest * 3 // 2) for size in _doublings(base, max_frames)}
         self.frame_buckets = sorted(sizes | {max_frames})
+        #: Rows of a call padded to a power of two, at most ``max_batch``.
+        self.batch_buckets = sorted({min(1 << power, max_batch) for power in range(max_batch.bit_length() + 1)})
         self._graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle()
 
@@ -413,7 +415,7 @@ class GraphedSolver:
         batch, _, frames = mu.shape
         if frames > self.max_frames or batch > self.max_batch:
             return self.solver(mu, mask, spks, cond, streaming=streaming)
-        rows = min(1 << (batch - 1).bit_length(), self.max_batch)
+        rows = self.batch_buckets[bisect.bisect_left(self.batch_buckets, batch)]
         key = (rows, self.frame_buckets[bisect.bisect_left(self.frame_buckets, frames)], streaming)
         if key not in self._graphs:
             self._graphs[key] = self._capture(*key, like=(mu, mask, spks, cond))
@@ -427,21 +429,20 @@ class GraphedSolver:
 
     def capture_all(
         self, mel_bins: int, *, streaming: Collection[bool], dtype: torch.dtype, device: torch.device
-    ) -> int:
-        """Capture the graph of every bucket (batches of 1, 2, 4, ... rows) for each of the ``streaming`` modes;
-        returns how many were captured."""
+    ) -> None:
+        """Capture the graph of every bucket (every batch bucket, every frame bucket) for each of the
+        ``streaming`` modes."""
         like = (
             torch.zeros(1, mel_bins, 1, dtype=dtype, device=device),
             torch.zeros(1, 1, 1, dtype=dtype, device=device),
             torch.zeros(1, mel_bins, dtype=dtype, device=device),
             torch.zeros(1, mel_bins, 1, dtype=dtype, device=device),
         )
-        rows = [1 << power for power in range((self.max_batch - 1).bit_length() + 1) if 1 << power <= self.max_batch]
-        keys = [(count, frames, mode) for mode in streaming for count in rows for frames in self.frame_buckets]
-        for key in keys:
+        for key in (
+            (rows, frames, mode) for mode in streaming for rows in self.batch_buckets for frames in self.frame_buckets
+        ):
             if key not in self._graphs:
                 self._graphs[key] = self._capture(*key, like=like)
-        return len(keys)
 
     def _capture(
         self, rows: int, frames: int, streaming: bool, *, like: tuple[torch.Tensor, ...]

@@ -408,18 +408,24 @@ def test_streamed_text_is_decoded_from_all_its_ids(grpc, tiny_tokenizer):
     assert "\ufffd" in pieces.records[0].text  # what the chunks' texts give
 
 
+def token_contract_run(fake_server, deployment, tmp_path, **settings):
+    """``benchmark`` of the fake server's token-contract model loaded as ``deployment`` (no plots)."""
+    return benchmark(
+        PerfSettings(
+            deployment=deployment,
+            url=fake_server.grpc_url,
+            model="tensorrt_llm",
+            output_dir=tmp_path / "out",
+            plots=False,
+            **settings,
+        )
+    )
+
+
 @pytest.mark.server
 def test_defaults_follow_the_deployment_limits(fake_server, make_deployment, tmp_path):
     deployment = make_deployment(max_input_len=12, max_output_len=5)
-    settings = PerfSettings(
-        deployment=deployment,
-        url=fake_server.grpc_url,
-        model="tensorrt_llm",
-        load=LoadSettings(num_requests=2, warmup=0),
-        output_dir=tmp_path / "out",
-        plots=False,
-    )
-    result = benchmark(settings)
+    result = token_contract_run(fake_server, deployment, tmp_path, load=LoadSettings(num_requests=2, warmup=0))
     level = result.summary["levels"][0]
     assert level["errors"] == 0
     assert level["input_tokens"]["min"] == level["input_tokens"]["max"] == 12  # min(128, max_input_len)
@@ -429,18 +435,14 @@ def test_defaults_follow_the_deployment_limits(fake_server, make_deployment, tmp
 
 @pytest.mark.server
 def test_drawn_lengths_reach_the_server_within_the_deployment_limits(fake_server, make_deployment, tmp_path):
-    deployment = make_deployment(max_input_len=24, max_output_len=8)
-    settings = PerfSettings(
-        deployment=deployment,
-        url=fake_server.grpc_url,
-        model="tensorrt_llm",
+    result = token_contract_run(
+        fake_server,
+        make_deployment(max_input_len=24, max_output_len=8),
+        tmp_path,
         load=LoadSettings(concurrency=(4,), num_requests=40, warmup=0),
         inputs=InputSpec(isl=16, osl=5, isl_stddev=6, osl_stddev=3),
         options=RequestOptions(ignore_eos=True),
-        output_dir=tmp_path / "out",
-        plots=False,
     )
-    result = benchmark(settings)
     level = result.summary["levels"][0]
     assert level["errors"] == 0 and result.summary["input"] == "synthetic isl=16±6, osl=5±3"
     assert 1 <= level["input_tokens"]["min"] < 16 < level["input_tokens"]["max"] <= 24

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 #: Spellings of true and false in config parameters and ``-o`` options.
@@ -72,25 +73,35 @@ def call_model(model: str, inputs: list, outputs: list[str]) -> Any:
     return response
 
 
-def read_sampling(request: Any, defaults: Mapping[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Sampling:
+    """A request's sampling settings, as the LLM contract takes them."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    repetition_penalty: float
+
+
+def read_sampling(request: Any, defaults: Mapping[str, Any]) -> Sampling:
     """The request's ``temperature``, ``top_k``, ``top_p`` and ``repetition_penalty`` (``defaults``' where it sends
     none); RequestError naming the first one out of range."""
-    found = {
-        "temperature": float(optional_scalar(request, "temperature", defaults["temperature"])),
-        "top_k": int(optional_scalar(request, "top_k", defaults["top_k"])),
-        "top_p": float(optional_scalar(request, "top_p", defaults["top_p"])),
-        "repetition_penalty": float(optional_scalar(request, "repetition_penalty", defaults["repetition_penalty"])),
-    }
+    found = Sampling(
+        temperature=float(optional_scalar(request, "temperature", defaults["temperature"])),
+        top_k=int(optional_scalar(request, "top_k", defaults["top_k"])),
+        top_p=float(optional_scalar(request, "top_p", defaults["top_p"])),
+        repetition_penalty=float(optional_scalar(request, "repetition_penalty", defaults["repetition_penalty"])),
+    )
     valid = {
-        "temperature": found["temperature"] >= 0,
-        "top_k": found["top_k"] >= 0,
-        "top_p": 0 <= found["top_p"] <= 1,
-        "repetition_penalty": found["repetition_penalty"] > 0,
+        "temperature": found.temperature >= 0,
+        "top_k": found.top_k >= 0,
+        "top_p": 0 <= found.top_p <= 1,
+        "repetition_penalty": found.repetition_penalty > 0,
     }
     bad = [name for name, ok in valid.items() if not ok]
     if bad:
         raise RequestError(
-            f"{bad[0]} {found[bad[0]]:g} is out of range (temperature >= 0, top_k >= 0, 0 <= top_p <= 1, "
+            f"{bad[0]} {getattr(found, bad[0]):g} is out of range (temperature >= 0, top_k >= 0, 0 <= top_p <= 1, "
             "repetition_penalty > 0)"
         )
     return found
@@ -182,10 +193,7 @@ def generate_segment(
     prompt: Any,
     max_tokens: int,
     *,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    repetition_penalty: float,
+    sampling: Sampling,
     seed: int | None,
     seed_input: str,
     segment: int = 0,
@@ -204,10 +212,10 @@ def generate_segment(
         row_tensor("input_lengths", [len(prompt)], np.int32),
         row_tensor("request_output_len", [max_tokens], np.int32),
         row_tensor("streaming", [False], np.bool_),
-        row_tensor("temperature", [temperature], np.float32),
-        row_tensor("runtime_top_k", [top_k], np.int32),
-        row_tensor("runtime_top_p", [top_p], np.float32),
-        row_tensor("repetition_penalty", [repetition_penalty], np.float32),
+        row_tensor("temperature", [sampling.temperature], np.float32),
+        row_tensor("runtime_top_k", [sampling.top_k], np.int32),
+        row_tensor("runtime_top_p", [sampling.top_p], np.float32),
+        row_tensor("repetition_penalty", [sampling.repetition_penalty], np.float32),
         *extra,
     ]
     if seed_per_segment and segment:  # the engine's default seed when none was asked for is 0

@@ -158,27 +158,32 @@ class Level:
                 burstiness=self.burstiness,
                 seed=arrival_seed(seed, self.index, warmup),
             )
-            if not self.max_concurrency:
-                return [Share(items[w::workers], offsets_ns=tuple(offsets[w::workers])) for w in range(workers)]
-            # each process caps its share: the cap's slots round-robin, the requests in proportion to them
-            owners = [slot % workers for slot in range(self.max_concurrency)]
-            picked: list[list[int]] = [[] for _ in range(workers)]
-            for position in range(len(items)):
-                picked[owners[position % self.max_concurrency]].append(position)
+            # uncapped, the requests go round-robin; capped, each process caps its share, and gets the requests
+            # in proportion to its share of the cap
+            slots = self.max_concurrency or workers
             return [
                 Share(
-                    [items[i] for i in picked[w]],
-                    offsets_ns=tuple(offsets[i] for i in picked[w]),
-                    cap=owners.count(w),
+                    [items[i] for i in picked],
+                    offsets_ns=tuple(offsets[i] for i in picked),
+                    cap=owned if self.max_concurrency else 0,
                 )
-                for w in range(workers)
+                for picked, owned in _by_slot(len(items), slots, workers)
             ]
         assert self.concurrency is not None
-        owners = [slot % workers for slot in range(self.concurrency)]
-        per_worker: list[list[Item]] = [[] for _ in range(workers)]
-        for position, item in enumerate(items):
-            per_worker[owners[position % self.concurrency]].append(item)
-        return [Share(per_worker[w], slots=owners.count(w)) for w in range(workers)]
+        return [
+            Share([items[i] for i in picked], slots=owned)
+            for picked, owned in _by_slot(len(items), self.concurrency, workers)
+        ]
+
+
+def _by_slot(count: int, slots: int, workers: int) -> list[tuple[list[int], int]]:
+    """Per worker, the positions ``0..count-1`` that go to it and how many slots it owns: the slots round-robin
+    over the workers, the positions round-robin over the slots."""
+    owners = [slot % workers for slot in range(slots)]
+    picked: list[list[int]] = [[] for _ in range(workers)]
+    for position in range(count):
+        picked[owners[position % slots]].append(position)
+    return [(picked[worker], owners.count(worker)) for worker in range(workers)]
 
 
 class LevelRunner:

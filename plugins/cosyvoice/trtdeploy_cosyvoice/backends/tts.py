@@ -26,6 +26,7 @@ import triton_python_backend_utils as pb_utils
 from trtdeploy.backend_utils import (
     ModelParameters,
     RequestError,
+    Sampling,
     call_model,
     decode_text,
     error_response,
@@ -61,10 +62,7 @@ class Synthesis:
     wav: np.ndarray | None
     speaker_id: str | None
     max_tokens: int
-    temperature: float
-    top_k: int
-    top_p: float
-    repetition_penalty: float
+    sampling: Sampling
     seed: int | None
     #: LLM calls made for it so far (on TensorRT-LLM each gets a seed of its own, see generate_segment).
     llm_calls: int = 0
@@ -169,7 +167,7 @@ class TritonPythonModel:
             wav=wav,
             speaker_id=speaker_id,
             max_tokens=max_tokens,
-            **read_sampling(request, self.defaults),
+            sampling=read_sampling(request, self.defaults),
             seed=None if seed is None else int(seed),
         )
         return job
@@ -280,10 +278,7 @@ class TritonPythonModel:
             self.llm_model,
             prompt,
             max_tokens,
-            temperature=job.temperature,
-            top_k=job.top_k,
-            top_p=job.top_p,
-            repetition_penalty=job.repetition_penalty,
+            sampling=job.sampling,
             seed=job.seed,
             seed_input=self.llm_seed_input,
             segment=job.llm_calls,

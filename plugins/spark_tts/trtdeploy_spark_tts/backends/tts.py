@@ -32,6 +32,7 @@ import triton_python_backend_utils as pb_utils
 from trtdeploy.backend_utils import (
     ModelParameters,
     RequestError,
+    Sampling,
     call_model,
     decode_text,
     error_response,
@@ -57,10 +58,7 @@ class Synthesis:
     reference_text: str
     target_text: str
     max_tokens: int
-    temperature: float
-    top_k: int
-    top_p: float
-    repetition_penalty: float
+    sampling: Sampling
     seed: int | None
     stream_format: StreamFormat
 
@@ -143,7 +141,7 @@ class TritonPythonModel:
             reference_text=reference_text,
             target_text=target_text,
             max_tokens=max_tokens,
-            **read_sampling(request, self.defaults),
+            sampling=read_sampling(request, self.defaults),
             seed=None if seed is None else int(seed),
             stream_format=stream_format or self.stream_format,
         )
@@ -219,10 +217,7 @@ class TritonPythonModel:
             self.llm_model,
             prompt,
             max_tokens,
-            temperature=job.temperature,
-            top_k=job.top_k,
-            top_p=job.top_p,
-            repetition_penalty=job.repetition_penalty,
+            sampling=job.sampling,
             seed=job.seed,
             seed_input=self.llm_seed_input,
             segment=segment,

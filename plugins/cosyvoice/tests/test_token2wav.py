@@ -12,6 +12,7 @@ import pytest
 import torch
 from trtdeploy_cosyvoice.checkpoint import TINY_LLM, tiny_token2wav_config, token2wav_yaml
 from trtdeploy_cosyvoice.model_yaml import read_model_yaml
+from trtdeploy_cosyvoice.token2wav.conv_kernels import encoder_kernels, vocoder_kernels
 from trtdeploy_cosyvoice.token2wav.flow import CosyVoice2Flow, CosyVoice3Flow
 from trtdeploy_cosyvoice.token2wav.hift import CausalHiFTGenerator, HiFTGenerator, StreamCache
 from trtdeploy_cosyvoice.token2wav.model import FlowJob, Token2Wav, Token2WavConfig
@@ -379,3 +380,17 @@ def test_a_server_may_load_only_the_part_it_runs(cosyvoice_checkpoint):
         vocoder_only.mels([request(0)], streaming=False, finalize=True)
     with pytest.raises(UsageError, match="are not some of"):
         Token2Wav.load(cosyvoice_checkpoint("cosyvoice3"), "cosyvoice3", parts=["encoder"])
+
+
+def test_pytorch_kernels_run_single_rows_of_lengths_of_their_own_and_cudnn_the_rest():
+    def cudnn_on(kernels) -> bool:
+        with kernels:
+            return torch.backends.cudnn.enabled
+
+    assert torch.backends.cudnn.enabled
+    assert not cudnn_on(encoder_kernels(rows=1))
+    assert cudnn_on(encoder_kernels(rows=3))  # PyTorch's kernels would loop over the rows
+    assert not cudnn_on(vocoder_kernels(1, finalize=True))  # offline, or a stream's last chunk
+    assert cudnn_on(vocoder_kernels(1, finalize=False))  # a streamed chunk: its shape repeats
+    assert cudnn_on(vocoder_kernels(2, finalize=True))
+    assert torch.backends.cudnn.enabled  # restored after each call

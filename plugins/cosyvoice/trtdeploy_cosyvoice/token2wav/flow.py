@@ -40,6 +40,7 @@ from trtdeploy_cosyvoice.token2wav.conformer import (
     UpsampleConformerEncoderConfig,
     padding_mask,
 )
+from trtdeploy_cosyvoice.token2wav.conv_kernels import encoder_kernels
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,8 @@ class _TokenFlow(nn.Module, ABC):
         embedded = self.input_embedding(sequence.clamp(min=0))
         embedded = embedded * valid.to(embedded.dtype)
         speakers = self.spk_embed_affine_layer(F.normalize(embeddings, dim=1))
-        mu, mel_lengths = self._mu(embedded, lengths, right_context=right_context, streaming=streaming)
+        with encoder_kernels(rows=len(embedded)):
+            mu, mel_lengths = self._mu(embedded, lengths, right_context=right_context, streaming=streaming)
         frames = mu.size(1)
         prompt_mels = prompt_mels[:, :frames]
         in_prompt = padding_mask(prompt_mel_lengths, prompt_mels.size(1))[:, :, None]

@@ -34,6 +34,7 @@ from ..model_yaml import TARGET, read_model_yaml
 from ..prompt_mel import SAMPLE_RATE
 from .cfm import CFMParams
 from .conformer import UpsampleConformerEncoderConfig
+from .conv_kernels import vocoder_kernels
 from .dit import DiTEstimator, DiTEstimatorConfig
 from .flow import CosyVoice2Flow, CosyVoice2FlowConfig, CosyVoice3Flow, CosyVoice3FlowConfig
 from .hift import (
@@ -326,7 +327,7 @@ class Token2Wav:
         for rows in _batches(range(len(mels)), self.max_batch):
             row_caches = [None if caches[row] is None else _moved(caches[row], self.device) for row in rows]
             noise = self._source_noise([frames[row] for row in rows], [seeds[row] for row in rows])
-            with torch.inference_mode():
+            with torch.inference_mode(), vocoder_kernels(len(rows), finalize=finalize):
                 answers = stream_vocode(
                     self.vocoder, [tensors[row] for row in rows], row_caches, [finalize] * len(rows), noise=noise
                 )
@@ -369,7 +370,7 @@ class Token2Wav:
         for rows in _batches(range(len(tensors)), self.max_batch):
             lengths = torch.tensor([tensors[row].shape[-1] for row in rows], device=self.device)
             batch = nn.utils.rnn.pad_sequence([tensors[row].T for row in rows], batch_first=True).transpose(1, 2)
-            with torch.inference_mode():
+            with torch.inference_mode(), vocoder_kernels(len(rows), finalize=finalize):
                 out = vocoder(batch, lengths, finalize=finalize)
             audio += [out.speech[row, : int(length)].cpu().numpy() for row, length in enumerate(out.lengths)]
         return audio

@@ -60,7 +60,7 @@ def clock() -> str:
 
 
 def stages(generation: str) -> tuple[str, ...]:
-    models = ("audio_tokenizer", "speaker_embedding", "token2wav")
+    models = ("reference_voice", "token2wav")  # the first runs audio_tokenizer and speaker_embedding side by side
     return (*models, "vocoder") if generation == "cosyvoice3" else models
 
 

@@ -25,10 +25,11 @@ def test_a_checkpoint_of_the_other_generation_is_refused_with_the_right_command(
 
 def test_cosyvoice3_adds_its_vocoder_and_streaming_adds_the_offline_entry():
     assert get_model("cosyvoice2").triton_models("offline") == (
-        "audio_tokenizer", "speaker_embedding", "token2wav", "cosyvoice2",
+        "audio_tokenizer", "speaker_embedding", "reference_voice", "token2wav", "cosyvoice2",
     )  # fmt: skip
     assert get_model("cosyvoice3").triton_models("streaming") == (
-        "audio_tokenizer", "speaker_embedding", "token2wav", "cosyvoice3", "vocoder", "cosyvoice3_offline",
+        "audio_tokenizer", "speaker_embedding", "reference_voice", "token2wav", "cosyvoice3", "vocoder",
+        "cosyvoice3_offline",
     )  # fmt: skip
 
 

@@ -1,12 +1,11 @@
 """trtdeploy plugin for CosyVoice2-0.5B and Fun-CosyVoice3-0.5B: zero-shot speech synthesis (24 kHz) on Triton.
 
-Two models, named as the official runtime names their entry models: ``cosyvoice2`` and ``cosyvoice3``. A
-deployment holds ``audio_tokenizer`` (reference → speech tokens, s3tokenizer), ``speaker_embedding`` (reference →
-CAM++ embedding), ``tensorrt_llm`` (the checkpoint's LLM converted to a Qwen2 causal LM, served by whichever engine
-the build chose), ``token2wav`` (flow matching, then for CosyVoice2 the HiFT vocoder; CosyVoice3 runs its vocoder
-as ``vocoder``) and the BLS entry. A streaming deployment adds ``<entry>_offline``, the same model answering in one
-piece.
-"""
+Two models, named as the official runtime names their entry models: ``cosyvoice2`` and ``cosyvoice3``. A deployment
+holds ``audio_tokenizer`` (reference → speech tokens, s3tokenizer), ``speaker_embedding`` (reference → CAM++
+embedding), ``reference_voice`` (an ensemble running the two side by side), ``tensorrt_llm`` (the checkpoint's LLM
+converted to a Qwen2 causal LM, served by whichever engine the build chose), ``token2wav`` (flow matching, then for
+CosyVoice2 the HiFT vocoder; CosyVoice3 runs its vocoder as ``vocoder``) and the BLS entry. A streaming deployment
+adds ``<entry>_offline``, the same model answering in one piece."""
 
 from __future__ import annotations
 
@@ -162,7 +161,7 @@ class CosyVoice(ModelSpec):
         return self.name
 
     def triton_models(self, mode: Mode) -> tuple[str, ...]:
-        models = ["audio_tokenizer", "speaker_embedding", "token2wav", self.name]
+        models = ["audio_tokenizer", "speaker_embedding", "reference_voice", "token2wav", self.name]
         if self.name == "cosyvoice3":
             models.append("vocoder")
         if mode == "streaming":

@@ -2,11 +2,11 @@
 24 kHz speech, with the official entry's tensors (``reference_wav``, ``reference_wav_len``, ``reference_text``,
 ``target_text`` → ``waveform``).
 
-Per request: the voice (``audio_tokenizer`` and ``speaker_embedding`` on the reference, its mel here; or a voice
-registered before, by ``speaker_id``), the prompt ``<|sos|>`` reference-text target-text ``<|task_id|>``
-reference-speech-tokens, the LLM contract (``tensorrt_llm``, whichever engine serves it) with the speech-only
-``embedding_bias``, then ``token2wav`` (CosyVoice3: and ``vocoder``). Offline, one waveform comes back; decoupled
-(streaming), audio chunks as the speech tokens come, then an empty final response.
+Per request: the voice (``reference_voice``: ``audio_tokenizer`` and ``speaker_embedding`` on the reference side by
+side, its mel here; or a voice registered before, by ``speaker_id``), the prompt ``<|sos|>`` reference-text
+target-text ``<|task_id|>`` reference-speech-tokens, the LLM contract (``tensorrt_llm``, whichever engine serves it)
+with the speech-only ``embedding_bias``, then ``token2wav`` (CosyVoice3: and ``vocoder``). Offline, one waveform
+comes back; decoupled (streaming), audio chunks as the speech tokens come, then an empty final response.
 
 Every call is non-decoupled: streaming asks the LLM for one chunk's tokens at a time, with the prompt followed by
 what it said so far (BLS models reading a decoupled model's stream crash the python-backend stub under load). Each
@@ -41,6 +41,7 @@ from trtdeploy.backend_utils import (
 
 from ..convert import SPEECH_BIAS_FILE, SpeechLayout
 from ..prompt_mel import PromptMel, align
+from ..speaker import MIN_SAMPLES as MIN_REFERENCE_SAMPLES
 from ..speaker import SAMPLE_RATE as REFERENCE_RATE
 from ..text import TextNormalizer
 from ..voices import DEFAULT_SPEAKER, Voice, VoiceStore
@@ -150,6 +151,11 @@ class TritonPythonModel:
                 wav = reference_wav(request, self.max_reference_samples, REFERENCE_RATE)
             except ValueError as exc:
                 raise RequestError(str(exc)) from None
+            if wav.size < MIN_REFERENCE_SAMPLES:  # refused here: the two models that read it would each refuse it
+                raise RequestError(
+                    f"the reference audio is {wav.size} samples, too short for a speech token and a speaker "
+                    f"embedding: send at least {MIN_REFERENCE_SAMPLES} (a few seconds of speech make a good reference)"
+                )
         if speaker_id is not None:
             try:
                 self.voices.check_id(speaker_id)
@@ -211,13 +217,11 @@ class TritonPythonModel:
             row_tensor("reference_wav", job.wav, np.float32),
             row_tensor("reference_wav_len", [job.wav.size], np.int32),
         ]
-        try:
-            tokens = _output(call_model("audio_tokenizer", inputs, ["prompt_speech_tokens"]), "prompt_speech_tokens")
-            embedding = _output(
-                call_model("speaker_embedding", inputs, ["prompt_spk_embedding"]), "prompt_spk_embedding"
-            )
+        try:  # the ensemble runs the tokenizer and the speaker embedding side by side
+            response = call_model("reference_voice", inputs, ["prompt_speech_tokens", "prompt_spk_embedding"])
         except RuntimeError as exc:
             raise RequestError(str(exc)) from None
+        tokens, embedding = _output(response, "prompt_speech_tokens"), _output(response, "prompt_spk_embedding")
         tokens, mel = align(tokens.reshape(-1).astype(np.int32), self.mel.features(job.wav))
         if tokens.size == 0:
             raise RequestError("the reference audio is too short for one speech token (40 ms): send a few seconds")

@@ -19,7 +19,6 @@ from .errors import Interrupted, ServerError, TrtDeployError, UsageError
 from .perf.asr import WHISPER_MODEL, AsrSettings, check_whisper, score_reports
 from .perf.control import check_url
 from .perf.loadgen import level_label
-from .perf.metrics import check_slo_limits
 from .perf.report import ReportWriter, warn_on_stderr
 from .perf.runner import (
     DEFAULT_ISL,
@@ -31,6 +30,7 @@ from .perf.runner import (
     ServerLost,
     run_levels,
 )
+from .perf.slo import Slo
 from .perf.workload import InputRow, RequestOptions, Workload
 from .server import DEFAULT_PORTS, resolved_path
 
@@ -56,7 +56,7 @@ class PerfSettings:
     load: LoadSettings = field(default_factory=LoadSettings)
     inputs: InputSpec = field(default_factory=InputSpec)
     options: RequestOptions = field(default_factory=RequestOptions)
-    slo: dict[str, float] = field(default_factory=dict)
+    slo: Slo | None = None
     output_dir: Path | None = None
     plots: bool = True
     asr: AsrSettings | None = None
@@ -64,7 +64,6 @@ class PerfSettings:
     def __post_init__(self) -> None:
         if self.url is not None:
             check_url(self.url)
-        check_slo_limits(self.slo)
 
 
 def server_of(deployment: Path) -> ServerInfo:
@@ -313,6 +312,8 @@ def benchmark(
         raise UsageError("--isl sets the prompt length of LLM workloads; speech inputs have no token length")
     if workload.family != "llm" and (settings.inputs.isl_stddev or settings.inputs.osl_stddev):
         raise UsageError("--isl-stddev and --osl-stddev vary the lengths of LLM prompts and answers only")
+    if settings.slo is not None:
+        settings.slo.check(workload.family, settings.stream)  # before the server: the workload's keys
     if asr is not None and workload.family != "tts":
         raise UsageError(f"--asr/--asr-url scores speech; {workload.model_name!r} is not a TTS model")
     if settings.options.text_prefix is not None and workload.family != "asr":

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from trtdeploy.perf.loadgen import Level
 from trtdeploy.perf.metrics import LevelStats
 from trtdeploy.perf.records import Record
+from trtdeploy.perf.slo import Slo
 from trtdeploy.perf.workload import Chunk, Request, Result
 
 MS = 1_000_000
@@ -57,11 +58,12 @@ def summarize_level(
     *,
     stream: bool,
     family: str,
-    slo: Mapping[str, float],
+    slo: str = "",
     client_cpu_s: Sequence[float] = (),
 ) -> dict[str, Any]:
-    """The summary of a level from all its records, as the engine builds it one record at a time."""
-    stats = LevelStats(level, stream=stream, family=family, slo=slo)
+    """The summary of a level from all its records, as the engine builds it one record at a time (``slo`` as
+    ``--slo`` takes it)."""
+    stats = LevelStats(level, stream=stream, family=family, slo=Slo.parse(slo) if slo else None)
     for rec in records:
         stats.add(rec, stats.metrics(rec))
     return stats.summary(client_cpu_s)

@@ -18,7 +18,13 @@ from trtdeploy.perf.runner import PerfRun
 
 from .helpers import level, record, summarize_level
 
-HEADER = {"model": "ensemble", "family": "llm", "stream": True, "protocol": "grpc", "slo": {"ttft_ms": 12}}
+HEADER = {
+    "model": "ensemble",
+    "family": "llm",
+    "stream": True,
+    "protocol": "grpc",
+    "slo": {"limits": {"ttft_ms": 12}, "attainment": 0.95},
+}
 
 
 def _levels(errors: int = 0) -> list[tuple[Level, list, dict]]:
@@ -32,7 +38,7 @@ def _levels(errors: int = 0) -> list[tuple[Level, list, dict]]:
         ]
         recs += [record(5, 6, seq=3 + i, level=index, error="INTERNAL: boom") for i in range(errors)]
         lv = level(concurrency=concurrency, num_requests=2 + errors, warmup=1, index=index)
-        summary = summarize_level(recs, lv, stream=True, family="llm", slo={"ttft_ms": 12}, client_cpu_s=[0.01])
+        summary = summarize_level(recs, lv, stream=True, family="llm", slo="ttft_ms<=12", client_cpu_s=[0.01])
         summary["server"] = {"models": {"ensemble": {"requests": 3, "avg_request_ms": 30.0}}, "metrics": None}
         out.append((lv, recs, summary))
     return out
@@ -122,7 +128,8 @@ def test_table_at_natural_width_off_a_terminal():
     text = console.export_text()
     assert "TTFT p50/p99" in text and "E2E p50/p99" in text and "…" not in text
     assert "10.0/10.0" in text  # TTFT p50/p99 of the first level
-    assert "goodput: req/s meeting ttft_ms<=12" in text
+    assert "goodput: req/s meeting ttft_ms<=12; SLO: their share, ✓ for ttft_ms<=12 for 95% of requests" in text
+    assert "66.7% ✗" in text  # 2 of 3 requests within 12 ms: the failed one meets no limit
 
 
 def test_missing_matplotlib_skips_only_the_plots(tmp_path, monkeypatch):

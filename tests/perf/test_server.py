@@ -18,6 +18,7 @@ from trtdeploy.errors import NotFoundError, ServerError, UsageError
 from trtdeploy.hookspecs import hookimpl
 from trtdeploy.perf.llm import TextLLMWorkload, TokenLLMWorkload, load_tokenizer
 from trtdeploy.perf.runner import Endpoint, InputSpec, LoadSettings, run_levels
+from trtdeploy.perf.slo import Slo
 from trtdeploy.perf.workload import InputRow, RequestOptions
 from trtdeploy.plugins import forget_registrations, pm
 
@@ -361,7 +362,7 @@ def test_zero_token_answers_are_successes(grpc, model):
     """A model whose first token is end-of-sequence: a success with 0 tokens, no TTFT, no ttft/itl SLO met."""
     rows = [InputRow(ROWS[0].input), InputRow("an EMPTY answer", reference="")]
     stream = model == "text_llm_stream"
-    slo = {"ttft_ms": 10_000, "itl_ms": 10_000} if stream else {"e2e_ms": 10_000}
+    slo = Slo.parse("ttft_ms<=10000,itl_ms<=10000" if stream else "e2e_ms<=10000")
     load = LoadSettings(concurrency=(1,), num_requests=2, warmup=0)
     result = run(TextLLMWorkload(model), grpc, load, rows=rows, options=RequestOptions(max_tokens=3), slo=slo)
     summary = result.summary["levels"][0]

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 import typer
 
 from ..errors import UsageError
-from ._options import DeploymentArg, JsonOpt, parse_int_list, parse_key_values
+from ._options import DeploymentArg, JsonOpt, parse_int_list
 from ._output import emit_json, err, out, warn
 
 
@@ -23,19 +23,6 @@ def _parse_rates(text: str) -> list[float]:
                 f"--request-rate: {item.strip()!r} in {text!r} is not a number", hint="e.g. --request-rate 5,10"
             ) from None
     return rates
-
-
-def _parse_slo(text: str) -> dict[str, float]:
-    """``ttft_ms=500,e2e_ms=5000`` as numbers (PerfSettings checks that they are > 0)."""
-    slo = {}
-    for key, value in parse_key_values([item for item in text.split(",") if item.strip()], name="--slo").items():
-        try:
-            slo[key] = float(value)
-        except ValueError:
-            raise UsageError(
-                f"--slo {key}={value!r}: the limit must be a number", hint="e.g. --slo ttft_ms=500,itl_ms=50"
-            ) from None
-    return slo
 
 
 def perf(
@@ -191,8 +178,18 @@ def perf(
     slo: Annotated[
         str | None,
         typer.Option(
-            help="Goodput SLOs in ms (> 0), all met: e.g. ttft_ms=500,itl_ms=50,e2e_ms=5000. A request that "
-            "generated no token meets no ttft_ms or itl_ms limit."
+            help="Service-level objectives, all to be met: KEY<=LIMIT,... over ttft_ms, itl_ms, e2e_ms (LLMs), "
+            "first_chunk_ms, rtf (TTS), first_partial_ms (ASR), e2e_ms and rtf (any speech), in ms but the RTF. A key "
+            "bounds every request (its share meeting them all is the level's attainment, those per second its "
+            "goodput); with a percentile suffix it bounds the level: ttft_ms_p90<=200 (90% of its requests within "
+            "200 ms). A request without a value (failed; LLMs: no token) meets no limit on it."
+        ),
+    ] = None,
+    attainment: Annotated[
+        float | None,
+        typer.Option(
+            help="--slo: the share of a level's requests that must meet every per-request limit for the level to "
+            "meet the SLO (default 0.95)."
         ),
     ] = None,
     max_error_rate: Annotated[
@@ -243,11 +240,14 @@ def perf(
     if asr_url is not None:
         warn("--asr-url is deprecated: pass --asr HOST:PORT (or --asr WHISPER_DEPLOYMENT_FOLDER)")
         asr = asr_url
+    if attainment is not None and slo is None:
+        raise UsageError("--attainment is the share of requests that must meet --slo", hint="pass --slo too")
     if not 0.0 <= max_error_rate <= 1.0:
         raise UsageError(f"--max-error-rate must be between 0 and 1, got {max_error_rate:g}", hint="e.g. 0.01")
     from ..benchmark import PerfSettings, benchmark, resolve_asr
     from ..perf.report import LiveProgress, print_table
     from ..perf.runner import InputSpec, LoadSettings
+    from ..perf.slo import Slo
     from ..perf.workload import RequestOptions
     from ..server import stop_signals_as_interrupt
 
@@ -291,7 +291,7 @@ def perf(
             seed=seed if temperature is not None else None,
             text_prefix=text_prefix,
         ),
-        slo=_parse_slo(slo) if slo else {},
+        slo=Slo.parse(slo, attainment) if slo is not None else None,
         output_dir=output_dir,
         plots=plots,
         asr=resolve_asr(asr, model=asr_model, language=asr_language) if asr is not None else None,

@@ -5,14 +5,13 @@ Times come from ``perf_counter_ns``; a level's measured requests exclude its war
 
 from __future__ import annotations
 
-import math
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
-from ..errors import UsageError
+from .slo import Slo, SloTally
 
 if TYPE_CHECKING:
     from .loadgen import Level
@@ -35,10 +34,16 @@ DEFINITIONS = {
     "zero_output_requests": "successful requests that generated no token (end-of-sequence first): counted with "
     "0 output tokens, with no TTFT or ITL",
     "achieved_concurrency": "sum of the measured requests' E2E / window",
-    "goodput": "successful requests meeting every --slo limit (each 'at most') / window. A request without a "
-    "value for a limited metric fails that limit (a zero-token answer has no TTFT and meets no ttft_ms or itl_ms "
-    "limit; a TTS request without audio meets no first_chunk_ms or rtf limit), except itl_ms for a request "
-    "whose tokens all came in its first chunk (it has a TTFT, and no gap between tokens)",
+    "goodput": "successful requests meeting every per-request --slo limit (a key without a percentile suffix; "
+    "each 'at most') / window. A request without a value for a limited metric fails that limit (a zero-token "
+    "answer has no TTFT and meets no ttft_ms or itl_ms limit; a TTS request without audio meets no first_chunk_ms "
+    "or rtf limit), except itl_ms for a request whose tokens all came in its first chunk (it has a TTFT, and no "
+    "gap between tokens)",
+    "attainment": "--slo: share of the measured requests (failed ones included) meeting every per-request limit",
+    "slo_percentiles": "--slo limits with a percentile suffix (rtf_p95): the value that that percentage of the "
+    "measured requests do not exceed (nearest rank; a failed request, or one without a value, counts as above "
+    "any limit: null when such requests reach that rank)",
+    "slo_met": "--slo: the level's attainment reached --attainment and every percentile limit held",
     "token_source": "server: counted from returned token ids; retokenized: the output text re-encoded with the "
     "model's tokenizer",
     "accuracy.exact_match": "share of the successful requests with a reference output whose output equals it "
@@ -79,35 +84,6 @@ DEFINITIONS = {
 PERCENTILES = (50, 90, 95, 99)
 #: Distinct error messages kept in a level summary.
 ERROR_SAMPLES = 5
-
-
-def slo_keys(family: str, stream: bool) -> tuple[str, ...]:
-    """The metrics ``--slo`` may bound for a family and mode (all in ms except the RTF)."""
-    if family == "tts":
-        return ("first_chunk_ms", "e2e_ms", "rtf") if stream else ("e2e_ms", "rtf")
-    if family == "asr":
-        return ("first_partial_ms", "e2e_ms", "rtf") if stream else ("e2e_ms", "rtf")
-    return ("ttft_ms", "itl_ms", "e2e_ms") if stream else ("e2e_ms",)
-
-
-def check_slo_limits(slo: Mapping[str, float]) -> None:
-    """Raise UsageError unless every limit is a number > 0."""
-    for key, limit in slo.items():
-        if not (0 < limit < math.inf):
-            raise UsageError(f"--slo {key}={limit:g}: a limit must be > 0", hint="e.g. --slo ttft_ms=500,itl_ms=50")
-
-
-def check_slo(slo: Mapping[str, float], family: str, stream: bool) -> None:
-    """Raise UsageError unless every SLO bounds a metric of this family and mode by a number > 0."""
-    check_slo_limits(slo)
-    known = slo_keys(family, stream)
-    unknown = [key for key in slo if key not in known]
-    if unknown:
-        mode = "streamed" if stream else "offline (not streamed)"
-        raise UsageError(
-            f"--slo {', '.join(unknown)} cannot be measured for {mode} {family} requests",
-            hint=f"SLO keys here: {', '.join(known)}",
-        )
 
 
 def describe(values: Iterable[float]) -> dict[str, float] | None:
@@ -204,21 +180,6 @@ def request_metrics(rec: Record, *, stream: bool, family: str) -> dict[str, Any]
     return out
 
 
-def meets_slo(metrics: Mapping[str, Any], slo: Mapping[str, float]) -> bool:
-    """Whether one request's metrics meet every limit (see ``DEFINITIONS["goodput"]``)."""
-    for key, limit in slo.items():
-        value = metrics.get(key)
-        if value is None:
-            # no ITL but a TTFT: every token came in the first chunk, so there is no gap to exceed the limit;
-            # anything else without a value produced nothing to time (no token, no audio) and fails
-            if key == "itl_ms" and metrics.get("ttft_ms") is not None:
-                continue
-            return False
-        if value > limit:
-            return False
-    return True
-
-
 def _per_second(amount: float | None, window_s: float) -> float | None:
     return amount / window_s if amount is not None and window_s > 0 else None
 
@@ -285,12 +246,12 @@ class LevelStats:
     Memory per request is a few 8-byte numbers (and one per chunk gap): no record is kept.
     """
 
-    def __init__(self, level: Level, *, stream: bool, family: str, slo: Mapping[str, float]) -> None:
+    def __init__(self, level: Level, *, stream: bool, family: str, slo: Slo | None) -> None:
         self.level = level
         self.stream = stream
         self.family = family
-        self.slo = dict(slo)
-        self.measured = self.warmup = self.ok = self.met_slo = self.zero_output = self.underrun_requests = 0
+        self.slo = SloTally(slo) if slo is not None else None
+        self.measured = self.warmup = self.ok = self.zero_output = self.underrun_requests = 0
         self.first_send: int | None = None
         self.last_end: int | None = None
         self.busy_ns = 0
@@ -325,6 +286,8 @@ class LevelStats:
         self.busy_ns += rec.end_ns - rec.send_ns
         if rec.scheduled_ns is not None:
             self.lags.append((rec.send_ns - rec.scheduled_ns) / 1e6)
+        if self.slo is not None:
+            self.slo.add(metrics)
         if rec.error is not None:
             self.errors[rec.error] += 1
             return
@@ -349,7 +312,6 @@ class LevelStats:
             if values.get(name) is not None:
                 series.append(values[name])
         self.icl.extend(metrics["icl_ms"])
-        self.met_slo += bool(self.slo) and meets_slo(metrics, self.slo)
         if "exact_match" in metrics:
             self.accuracy[0] += 1
             self.accuracy[1] += metrics["exact_match"]
@@ -419,7 +381,12 @@ class LevelStats:
                 **{name: series[name] for name in _SERIES["llm"]},
             )
         summary["icl_ms"] = describe(self.icl)
-        summary["goodput"] = _per_second(self.met_slo, window_s) if self.slo else None
+        summary["goodput"] = _per_second(self.slo.met, window_s) if self.slo is not None else None
+        summary.update(
+            self.slo.summary()
+            if self.slo is not None
+            else {"attainment": None, "slo_percentiles": None, "slo_met": None}
+        )
         summary["scheduling_lag_ms"] = describe(self.lags)
         scored, exact, rouge = self.accuracy
         summary["accuracy"] = (

@@ -16,6 +16,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from ..fsutil import atomic_write_text
 from .metrics import DEFINITIONS
+from .slo import Slo
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -132,6 +133,9 @@ def results_table(summary: dict[str, Any]) -> Table:
     if summary["stream"]:
         columns.append("ICL p99/max")  # a stalled stream shows here even when ITL averages it away
     columns.append("goodput")
+    slo = Slo.from_dict(summary["slo"]) if summary.get("slo") else None
+    if slo is not None:
+        columns.append("SLO")
     # WER/CER: seed-tts-eval's mean per utterance for TTS, the corpus rate for ASR
     rate = "corpus" if family == "asr" else "mean"
     scored = any(_has_scores(level) for level in levels)
@@ -156,6 +160,8 @@ def results_table(summary: dict[str, Any]) -> Table:
         if audio:
             row.append(_num(_stat(level, "e2e_ms", "mean")))
         row.append(_num(level["goodput"]))
+        if slo is not None:
+            row.append(f"{_percent(level['attainment'])} {'✓' if level['slo_met'] else '✗'}")
         if scored:
             scores = level.get("asr") or {}
             row += [_percent(scores.get(f"wer_{rate}")), _percent(scores.get(f"cer_{rate}"))]
@@ -172,8 +178,9 @@ def results_table(summary: dict[str, Any]) -> Table:
         notes.append("WER/CER: corpus rates, Whisper's normalisers")
     elif family == "asr":
         notes.append("no WER/CER: the inputs have no reference transcripts")
-    if summary.get("slo"):
-        notes.append("goodput: req/s meeting " + ", ".join(f"{k}<={v:g}" for k, v in summary["slo"].items()))
+    if slo is not None:
+        meeting = ", ".join(map(str, slo.per_request)) or "no per-request limit (successful requests)"
+        notes.append(f"goodput: req/s meeting {meeting}; SLO: their share, ✓ for {slo.describe()}")
     if any((level["client_cpu_utilization"] or 0) >= CLIENT_BUSY for level in levels):
         notes.append(
             f"[yellow]a client process was >= {CLIENT_BUSY:.0%} busy: results may be client-bound (--workers)[/]"
@@ -336,7 +343,7 @@ def write_plots(summary: dict[str, Any], output_dir: Path) -> list[Path]:
 
     figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4.5))
     left.plot(xs, [level["request_throughput"] or 0 for level in levels], "-o", label="requests/s")
-    if summary["slo"]:
+    if summary.get("slo"):
         left.plot(xs, [level["goodput"] or 0 for level in levels], "--o", label="goodput")
     left.set(xlabel=x_label, ylabel="requests/s", title="request throughput")
     left.legend()

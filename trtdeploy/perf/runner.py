@@ -18,8 +18,9 @@ from ..errors import PerfError, ServerError, UsageError
 from .control import ControlClient, failure_reason, within
 from .control import Protocol as Transport
 from .loadgen import ARRIVAL_STREAM, ARRIVALS, Level, LocalDriver, PhaseResult, WorkerPool, WorkerSpec, level_label
-from .metrics import DEFINITIONS, LevelStats, check_slo
+from .metrics import DEFINITIONS, LevelStats
 from .records import Record
+from .slo import Slo
 from .stats import GaugeSampler, Snapshot, server_delta, snapshot
 from .workload import InputRow, ModelInfo, RequestOptions, Workload
 
@@ -421,7 +422,7 @@ async def run_levels(
     *,
     options: RequestOptions | None = None,
     stream: bool | None = None,
-    slo: dict[str, float] | None = None,
+    slo: Slo | None = None,
     progress: ProgressReporter | None = None,
     synthetic: bool = False,
     observer: RunObserver | None = None,
@@ -440,14 +441,14 @@ async def run_levels(
     collector = RunCollector() if observer is None else None
     observer = observer or collector
     assert observer is not None
-    slo = dict(slo or {})
     control = ControlClient(endpoint.protocol, endpoint.url, headers=endpoint.headers)
     try:
         await control.check_live()
         model = await control.model_info(workload.model_name)
         stream = _choose_stream(stream, model, endpoint.protocol)
         options = replace(options or RequestOptions(), stream=stream)
-        check_slo(slo, workload.family, stream)
+        if slo is not None:
+            slo.check(workload.family, stream)
         workload.validate(model, options)
         requests = [workload.make_request(row, options, model) for row in rows]
         levels = load.levels(len(rows), synthetic=synthetic)
@@ -472,7 +473,7 @@ async def run_levels(
             if load.request_rates
             else None,
             "options": asdict(options),
-            "slo": slo,
+            "slo": slo.to_dict() if slo is not None else None,
             "workers": load.workers,
         }
         observer.started(header)
@@ -510,7 +511,7 @@ class _LevelRun:
     endpoint: Endpoint
     family: str
     stream: bool
-    slo: dict[str, float]
+    slo: Slo | None
     seed: int
     progress: ProgressReporter
     observer: RunObserver

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -331,8 +332,10 @@ def benchmark(
         "input": settings.inputs.describe(workload.family),
     }
     try:
-        rows = settings.inputs.load(workload, settings.load)
+        inputs = settings.inputs
+        rows = [] if inputs.synthetic else inputs.load(workload)
         check_row_lengths(rows, deployment)
+        make_rows = partial(inputs.synthetic_rows, workload, seed=settings.load.seed) if inputs.synthetic else None
         run = asyncio.run(
             run_levels(
                 workload,
@@ -343,7 +346,7 @@ def benchmark(
                 stream=settings.stream,
                 slo=settings.slo,
                 progress=progress,
-                synthetic=settings.inputs.synthetic,
+                make_rows=make_rows,
                 observer=writer,
                 warn=warn,
             )

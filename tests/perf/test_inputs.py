@@ -13,7 +13,7 @@ import pytest
 from trtdeploy.errors import NetworkError, NotFoundError, UsageError
 from trtdeploy.perf.inputs import load_dataset_rows, load_jsonl, synthetic_prompts
 from trtdeploy.perf.llm import TextLLMWorkload, TokenLLMWorkload, load_tokenizer
-from trtdeploy.perf.runner import InputSpec, LoadSettings
+from trtdeploy.perf.runner import InputSpec
 
 
 def _write(path: Path, lines: list[str]) -> Path:
@@ -184,18 +184,32 @@ def test_synthetic_lengths_are_drawn_around_isl_and_osl_within_the_deployments_l
     import numpy as np
 
     workload = TokenLLMWorkload("tensorrt_llm", tiny_tokenizer)
-    load = LoadSettings(concurrency=(1,), num_requests=300, warmup=0)
-    rows = InputSpec(isl=40, osl=20, isl_stddev=8, osl_stddev=4, caps=(1000, 1000)).load(workload, load)
+    rows = InputSpec(isl=40, osl=20, isl_stddev=8, osl_stddev=4, caps=(1000, 1000)).synthetic_rows(
+        workload, 0, 300, seed=0
+    )
     inputs = np.array([len(workload.prompt_ids(row.input)) for row in rows])
     outputs = np.array([row.max_tokens for row in rows])
     assert len(rows) == 300 and abs(inputs.mean() - 40) < 1.5 and abs(inputs.std() - 8) < 1.5
     assert abs(outputs.mean() - 20) < 1 and abs(outputs.std() - 4) < 1
-    capped = InputSpec(isl=40, osl=20, isl_stddev=8, osl_stddev=4, caps=(44, 22)).load(workload, load)
+    capped = InputSpec(isl=40, osl=20, isl_stddev=8, osl_stddev=4, caps=(44, 22)).synthetic_rows(
+        workload, 0, 300, seed=0
+    )
     assert max(len(workload.prompt_ids(row.input)) for row in capped) == 44
     assert max(row.max_tokens for row in capped) == 22 and min(row.max_tokens for row in capped) >= 1
-    steady = InputSpec(isl=40, osl=20).load(workload, load)
+    steady = InputSpec(isl=40, osl=20).synthetic_rows(workload, 0, 300, seed=0)
     assert {len(workload.prompt_ids(row.input)) for row in steady} == {40}
     assert {row.max_tokens for row in steady} == {20}
+
+
+def test_synthetic_rows_made_a_block_at_a_time_are_the_rows_made_at_once(tiny_tokenizer):
+    """A run makes its synthetic rows as its levels need them: the same rows, lengths drawn included."""
+    workload = TokenLLMWorkload("tensorrt_llm", tiny_tokenizer)
+    spec = InputSpec(isl=12, osl=6, isl_stddev=3, osl_stddev=2, caps=(1000, 1000))
+    at_once = spec.synthetic_rows(workload, 0, 9, seed=4)
+    in_blocks = [
+        row for start, count in ((0, 2), (2, 5), (7, 2)) for row in spec.synthetic_rows(workload, start, count, seed=4)
+    ]
+    assert in_blocks == at_once and len({row.input for row in at_once}) == 9
 
 
 def test_drawn_prompts_keep_a_token_beyond_what_the_chat_template_adds(tmp_path):
@@ -204,8 +218,7 @@ def test_drawn_prompts_keep_a_token_beyond_what_the_chat_template_adds(tmp_path)
     write_bpe_tokenizer(tmp_path)  # with Qwen's chat template
     workload = TextLLMWorkload("text_llm", tmp_path, chat_template=True)
     overhead = len(workload.prompt_ids(""))
-    load = LoadSettings(concurrency=(1,), num_requests=60, warmup=0)
-    rows = InputSpec(isl=overhead + 4, isl_stddev=8, caps=(1000, 1000)).load(workload, load)
+    rows = InputSpec(isl=overhead + 4, isl_stddev=8, caps=(1000, 1000)).synthetic_rows(workload, 0, 60, seed=0)
     lengths = [len(workload.prompt_ids(row.input)) for row in rows]
     assert overhead > 0 and min(lengths) == overhead + 1 and max(lengths) > overhead + 4
 

@@ -97,14 +97,27 @@ def test_reuse_rows_replays_the_same_rows_on_purpose():
 
 
 def test_synthetic_inputs_give_every_request_its_own_prompt():
-    load = LoadSettings(concurrency=(1, 8))
-    levels = load.levels(rows=load.synthetic_rows(), synthetic=True)
+    levels = LoadSettings(concurrency=(1, 8)).levels(rows=None)
     assert [(lv.num_requests, lv.warmup, lv.reused_rows) for lv in levels] == [(16, 1, 0), (32, 8, 0)]
-    assert load.synthetic_rows() == 16 + 1 + 32 + 8
     rows = [row for lv in levels for row in lv.warmup_rows + lv.rows]
-    assert sorted(rows) == list(range(57))
-    repeat = LoadSettings(concurrency=(1, 8), reuse_rows=True)
-    assert repeat.synthetic_rows() == 40  # the most one level sends
+    assert rows == list(range(16 + 1 + 32 + 8))  # made in this order, a level at a time
+    repeat = LoadSettings(concurrency=(1, 8), reuse_rows=True).levels(rows=None)
+    assert max(row for lv in repeat for row in lv.warmup_rows + lv.rows) == 31  # every level from row 0
+    assert [lv.reused_rows for lv in repeat] == [1, 16]  # rows 0..15 were sent before
+
+
+def test_levels_planned_one_at_a_time_are_the_levels_planned_at_once():
+    from trtdeploy.perf.runner import LevelPlan
+
+    load = LoadSettings(concurrency=(1, 4, 2), num_requests=5)
+    plan = LevelPlan(load, rows=12)
+    assert [plan.level(value) for value in load.values] == load.levels(rows=12)
+    rates = LoadSettings(request_rates=(2.0, 0.5))
+    plan = LevelPlan(rates, rows=None)
+    first = plan.level(2.0)
+    assert (first.index, first.request_rate, first.rows) == (0, 2.0, tuple(range(20)))
+    second = plan.level(0.5)  # 5 s of arrivals, at least SYNTHETIC_MIN requests
+    assert (second.index, second.rows) == (1, tuple(range(20, 36)))
 
 
 @pytest.mark.parametrize(

@@ -436,13 +436,15 @@ class ASRWorkload(Workload):
     ) -> list[InputRow]:
         return load_asr_dataset(source, split=split, audio_column=column, reference_column=reference_column)
 
-    def synthetic_rows(self, count: int, *, input_tokens: int, output_tokens: int | None, seed: int) -> list[InputRow]:
+    def synthetic_rows(
+        self, count: int, *, input_tokens: int, output_tokens: int | None, seed: int, start: int = 0
+    ) -> list[InputRow]:
         """``count`` synthetic utterances (no reference transcript; ``input_tokens`` does not apply to audio), each
         asking for ``output_tokens`` when given."""
         import numpy as np
 
         rows = []
-        for index in range(count):
+        for index in range(start, start + count):
             rng = np.random.default_rng([seed, index])
             name = f"synthetic-{index:04d}"
             samples = synthetic_speech(synthetic_duration(rng), rng, self.sample_rate)

@@ -202,13 +202,14 @@ def synthetic_prompts(
     *,
     seed: int,
     prompt_ids: Callable[[str], list[int]] | None = None,
+    start: int = 0,
 ) -> list[str]:
     """``count`` random prompts that the model sees as exactly ``length`` tokens (or ``length[i]`` for the i-th,
     at least one token beyond what the deployment adds to every prompt).
 
     ``prompt_ids`` gives the ids the deployment makes of a prompt (a chat template and special tokens included;
-    default: ``tokenizer.encode`` with its special tokens). Each prompt depends only on ``(seed, its index)``, so a
-    run is reproducible and prompts do not share a prefix.
+    default: ``tokenizer.encode`` with its special tokens). Each prompt depends only on ``(seed, its index)``, the
+    indices counting from ``start``, so a run is reproducible and prompts do not share a prefix.
     """
     import numpy as np
 
@@ -235,7 +236,7 @@ def synthetic_prompts(
     if vocab.size == 0:
         raise UsageError("this tokenizer has no printable tokens to build synthetic prompts from")
     prompts = []
-    for index, length in enumerate(lengths):
+    for index, length in enumerate(lengths, start=start):
         rng = np.random.default_rng([seed, index])
         content = length - overhead
         for _ in range(8):  # the words may merge with what the template puts around them: adjust and retry

@@ -97,11 +97,19 @@ class _LLMWorkload(Workload):
         return len(self.tokenizer.encode(text, add_special_tokens=False)) if text else 0
 
     def synthetic_rows(
-        self, count: int, *, input_tokens: int | Sequence[int], output_tokens: int | Sequence[int] | None, seed: int
+        self,
+        count: int,
+        *,
+        input_tokens: int | Sequence[int],
+        output_tokens: int | Sequence[int] | None,
+        seed: int,
+        start: int = 0,
     ) -> list[InputRow]:
         from .inputs import synthetic_prompts
 
-        prompts = synthetic_prompts(self.tokenizer, count, input_tokens, seed=seed, prompt_ids=self.prompt_ids)
+        prompts = synthetic_prompts(
+            self.tokenizer, count, input_tokens, seed=seed, prompt_ids=self.prompt_ids, start=start
+        )
         lengths = [output_tokens] * count if output_tokens is None or isinstance(output_tokens, int) else output_tokens
         return [InputRow(input=prompt, max_tokens=length) for prompt, length in zip(prompts, lengths, strict=True)]
 

@@ -194,7 +194,7 @@ class LevelRunner:
     ) -> None:
         self.transport = transport
         self.workload = workload
-        self.requests = requests
+        self.requests = list(requests)
         self.stream = stream
         self.worker = worker
         self.payloads: list[Any] = []
@@ -216,6 +216,11 @@ class LevelRunner:
     async def open(self, slots: int) -> None:
         await self.transport.open(slots)
         self.payloads = [self.transport.encode(request, stream=self.stream) for request in self.requests]
+
+    def add(self, requests: Sequence[Request]) -> None:
+        """More requests, for the rows after those it has (synthetic rows made as the levels need them)."""
+        self.requests.extend(requests)
+        self.payloads.extend(self.transport.encode(request, stream=self.stream) for request in requests)
 
     async def close(self) -> None:
         await self.transport.close()
@@ -454,6 +459,10 @@ class LocalDriver:
         )
         return PhaseResult([runner.cpu_s])
 
+    def add(self, requests: Sequence[Request]) -> None:
+        """More requests, for the rows after those it has."""
+        self._runner.add(requests)
+
     def abort(self, message: str) -> None:
         self._runner.abort(message)
 
@@ -484,6 +493,9 @@ async def _worker_loop(
             command, *args = conn.recv()  # blocking is fine: nothing else runs in this process between levels
             if command == "stop":
                 return
+            if command == "add":
+                runner.add(args[0])
+                continue
             if command != "run":
                 continue  # an abort that came after the phase had ended
             level, share = args
@@ -568,6 +580,11 @@ class WorkerPool:
 
     async def start(self) -> None:
         await self._gather(self._conns, "ready")
+
+    def add(self, requests: Sequence[Request]) -> None:
+        """More requests, for the rows after those it has: every worker gets them before its next phase."""
+        for conn in self._conns:
+            conn.send(("add", list(requests)))
 
     async def run_phase(
         self, level: Level, seed: int, progress: ProgressCallback, sink: RecordSink, *, warmup: bool

@@ -151,59 +151,92 @@ class LoadSettings:
         if self.timeout_s <= 0:
             raise UsageError(f"--timeout must be > 0, got {self.timeout_s:g}")
 
-    def _counts(self, rows: int, synthetic: bool) -> list[tuple[float, int, int]]:
-        """(level value, warmup requests, measured requests) of every level."""
-        values = self.request_rates or self.concurrency
-        open_loop = bool(self.request_rates)
-        warmups = [(self.warmup or 0) if open_loop else int(v) if self.warmup is None else self.warmup for v in values]
-        if synthetic:
-            share = SYNTHETIC_MIN
-        elif self.reuse_rows:
-            share = rows
-        else:
-            share = max(0, rows - sum(warmups)) // len(values)
-        least = [math.ceil(10 * v) if open_loop else 4 * int(v) for v in values]
-        return [
-            (value, warmup, self.num_requests or max(floor, share))
-            for value, warmup, floor in zip(values, warmups, least, strict=True)
-        ]
+    @property
+    def values(self) -> tuple[float, ...]:
+        """The levels asked for: request rates (open loop), else concurrencies."""
+        return self.request_rates or self.concurrency
 
-    def levels(self, rows: int, *, synthetic: bool = False) -> list[Level]:
-        """The levels for ``rows`` input rows, each with the rows of its requests (wrapping around, and counted in
-        :attr:`Level.reused_rows`, when the rows run out)."""
-        levels: list[Level] = []
-        used: set[int] = set()
-        cursor = 0
-        for index, (value, warmup, count) in enumerate(self._counts(rows, synthetic)):
-            if self.reuse_rows:
-                cursor = 0
-            warmup_rows = tuple((cursor + j) % rows for j in range(warmup))
-            cursor = 0 if self.reuse_rows else cursor + warmup
-            used.update(warmup_rows)
-            measured = tuple((cursor + j) % rows for j in range(count))
-            cursor += count
-            reused = 0
-            for row in measured:
-                reused += row in used
-                used.add(row)
-            kind = (
-                {
-                    "request_rate": value,
-                    "arrival": self.arrival,
-                    "burstiness": self.burstiness,
-                    "max_concurrency": self.max_concurrency,
-                }
-                if self.request_rates
-                else {"concurrency": int(value)}
-            )
-            levels.append(Level(index, measured, warmup_rows, reused_rows=reused, **kind))
-        return levels
+    @property
+    def open_loop(self) -> bool:
+        return bool(self.request_rates)
 
-    def synthetic_rows(self) -> int:
-        """How many synthetic prompts a run needs: one per request of every level, warmups included (the most
-        any level sends, with ``reuse_rows``)."""
-        counts = [warmup + count for _, warmup, count in self._counts(0, synthetic=True)]
-        return max(counts) if self.reuse_rows else sum(counts)
+    def warmup_of(self, value: float) -> int:
+        """Warmup requests of the level at ``value``."""
+        if self.warmup is not None:
+            return self.warmup
+        return 0 if self.open_loop else int(value)
+
+    def share(self, rows: int | None) -> int:
+        """The measured requests a level sends at least beside its floor: the rows left after the warmups divided
+        among the levels (all the rows with ``reuse_rows``), or SYNTHETIC_MIN for synthetic inputs (``rows``
+        None)."""
+        if rows is None:
+            return SYNTHETIC_MIN
+        if self.reuse_rows:
+            return rows
+        return max(0, rows - sum(self.warmup_of(value) for value in self.values)) // len(self.values)
+
+    def count_of(self, value: float, share: int) -> int:
+        """Measured requests of the level at ``value``: ``num_requests``, or the larger of its floor (4 x the
+        concurrency, 10 s of arrivals) and ``share``."""
+        floor = math.ceil(10 * value) if self.open_loop else 4 * int(value)
+        return self.num_requests or max(floor, share)
+
+    def levels(self, rows: int | None) -> list[Level]:
+        """The levels asked for, over ``rows`` input rows (None: synthetic rows, as many as they take)."""
+        plan = LevelPlan(self, rows)
+        return [plan.level(value) for value in self.values]
+
+
+class LevelPlan:
+    """Plans a run's levels one at a time, as the run reaches them: each level's requests and the input rows they
+    take (see :class:`LoadSettings`).
+
+    With ``rows`` input rows, a level that runs out of fresh rows wraps around to the first (the reused rows are
+    counted in :attr:`Level.reused_rows`); with synthetic inputs (``rows`` None) every row index is a new row, made
+    when the level is about to run.
+    """
+
+    def __init__(self, load: LoadSettings, rows: int | None) -> None:
+        self.load = load
+        self.rows = rows
+        self.share = load.share(rows)
+        self._next_index = 0
+        self._cursor = 0
+        self._used: set[int] = set()
+
+    def _take(self, count: int) -> tuple[int, ...]:
+        taken = tuple(self._cursor + j for j in range(count))
+        self._cursor += count
+        return taken if self.rows is None else tuple(row % self.rows for row in taken)
+
+    def level(self, value: float) -> Level:
+        """The next level of the run, at ``value`` (a concurrency, or a request rate in open loop)."""
+        load = self.load
+        if load.reuse_rows:
+            self._cursor = 0
+        warmup_rows = self._take(load.warmup_of(value))
+        self._used.update(warmup_rows)
+        if load.reuse_rows:  # the measured requests, too, start at the first row
+            self._cursor = 0
+        measured = self._take(load.count_of(value, self.share))
+        reused = 0
+        for row in measured:
+            reused += row in self._used
+            self._used.add(row)
+        kind = (
+            {
+                "request_rate": value,
+                "arrival": load.arrival,
+                "burstiness": load.burstiness,
+                "max_concurrency": load.max_concurrency,
+            }
+            if load.open_loop
+            else {"concurrency": int(value)}
+        )
+        level = Level(self._next_index, measured, warmup_rows, reused_rows=reused, **kind)
+        self._next_index += 1
+        return level
 
 
 @dataclass(frozen=True)
@@ -273,25 +306,30 @@ class InputSpec:
         outputs = f", osl={self.osl}±{self.osl_stddev:g}" if self.osl_stddev else ""
         return f"synthetic isl={self.isl or DEFAULT_ISL}{spread}{outputs}"
 
-    def load(self, workload: Workload, load: LoadSettings) -> list[InputRow]:
+    def load(self, workload: Workload) -> list[InputRow]:
+        """The rows of the input file or dataset (synthetic rows are made as the levels need them:
+        :meth:`synthetic_rows`)."""
         if self.input_data is not None:
             return workload.load_input_data(self.input_data)
-        if self.dataset is not None:
-            return workload.load_dataset(
-                self.dataset, split=self.split, column=self.column, reference_column=self.reference_column
-            )
-        count = load.synthetic_rows()
+        assert self.dataset is not None, "synthetic inputs have no rows to load"
+        return workload.load_dataset(
+            self.dataset, split=self.split, column=self.column, reference_column=self.reference_column
+        )
+
+    def synthetic_rows(self, workload: Workload, start: int, count: int, *, seed: int) -> list[InputRow]:
+        """Synthetic rows ``start .. start + count - 1`` of a run seeded ``seed``, with their drawn lengths."""
         caps = self.caps or (math.inf, math.inf)
         isl = self.isl or DEFAULT_ISL
         return workload.synthetic_rows(
             count,
-            input_tokens=_drawn(isl, self.isl_stddev, count, caps[0], (load.seed, LENGTH_STREAM, 0))
+            input_tokens=_drawn(isl, self.isl_stddev, start, count, caps[0], (seed, LENGTH_STREAM, 0))
             if self.isl_stddev
             else isl,
-            output_tokens=_drawn(self.osl, self.osl_stddev, count, caps[1], (load.seed, LENGTH_STREAM, 1))
+            output_tokens=_drawn(self.osl, self.osl_stddev, start, count, caps[1], (seed, LENGTH_STREAM, 1))
             if self.osl_stddev and self.osl is not None
             else self.osl,
-            seed=load.seed,
+            seed=seed,
+            start=start,
         )
 
 
@@ -299,11 +337,12 @@ class InputSpec:
 LENGTH_STREAM = ARRIVAL_STREAM + 1
 
 
-def _drawn(mean: int, stddev: float, count: int, cap: float, seed: tuple[int, ...]) -> list[int]:
-    """``count`` lengths from a normal distribution, rounded and clipped to 1..``cap``."""
+def _drawn(mean: int, stddev: float, start: int, count: int, cap: float, seed: tuple[int, ...]) -> list[int]:
+    """Lengths ``start .. start + count - 1`` of one stream drawn from a normal distribution, rounded and clipped
+    to 1..``cap``."""
     import numpy as np
 
-    values = np.random.default_rng(list(seed)).normal(mean, stddev, count)
+    values = np.random.default_rng(list(seed)).normal(mean, stddev, start + count)[start:]
     return np.clip(np.rint(values), 1, cap).astype(int).tolist()
 
 
@@ -424,14 +463,15 @@ async def run_levels(
     stream: bool | None = None,
     slo: Slo | None = None,
     progress: ProgressReporter | None = None,
-    synthetic: bool = False,
+    make_rows: Callable[[int, int], list[InputRow]] | None = None,
     observer: RunObserver | None = None,
     warn: Callable[[str], None] | None = None,
 ) -> PerfRun:
-    """Check the server and model, build every request, then run each level: warmup, snapshot, load, snapshot.
+    """Check the server and model, build the requests, then run each level: warmup, snapshot, load, snapshot.
 
-    ``stream`` None streams exactly when the served model is decoupled. ``synthetic``: the rows were made for
-    this run (:meth:`LoadSettings.synthetic_rows` of them), one per request. Records and level summaries go to
+    ``stream`` None streams exactly when the served model is decoupled. ``make_rows(start, count)``: synthetic
+    rows ``start .. start + count - 1``, one per request, made (with their requests) as each level is about to
+    run; ``rows`` is then empty. Records and level summaries go to
     ``observer`` as they exist (default: a :class:`RunCollector`, whose records the result holds). A level the
     server does not live through ends early and raises :class:`ServerLost`; Ctrl-C (cancellation) ends it as
     ``interrupted``; either way its summary reaches the observer first. ``warn`` gets a line for input rows reused
@@ -451,7 +491,7 @@ async def run_levels(
             slo.check(workload.family, stream)
         workload.validate(model, options)
         requests = [workload.make_request(row, options, model) for row in rows]
-        levels = load.levels(len(rows), synthetic=synthetic)
+        levels = load.levels(None if make_rows is not None else len(rows))
         reused = sum(level.reused_rows for level in levels)
         if reused and not load.reuse_rows and warn is not None:
             sent = sum(level.warmup + level.num_requests for level in levels)
@@ -467,7 +507,7 @@ async def run_levels(
             "stream": stream,
             "protocol": endpoint.protocol,
             "url": endpoint.url,
-            "input_rows": len(rows),
+            "input_rows": None if make_rows is not None else len(rows),
             "input_reuse": "repeat" if load.reuse_rows else "fresh",
             "arrival": {"process": load.arrival, "burstiness": load.burstiness, "max_concurrency": load.max_concurrency}
             if load.request_rates
@@ -488,9 +528,20 @@ async def run_levels(
         )
         summaries: list[dict[str, Any]] = []
         level_run = _LevelRun(driver, control, endpoint, workload.family, stream, slo, load.seed, progress, observer)
+
+        def make_requests(level: Level) -> None:
+            """Make the synthetic rows that ``level`` takes and the run has not made yet, for the driver."""
+            needed = max(level.warmup_rows + level.rows, default=-1) + 1
+            if make_rows is not None and needed > len(requests):
+                made = make_rows(len(requests), needed - len(requests))
+                more = [workload.make_request(row, options, model) for row in made]
+                requests.extend(more)
+                driver.add(more)
+
         try:
             await driver.start()
             for level in levels:
+                make_requests(level)
                 summaries.append(await level_run.run(level))
         finally:
             await driver.close()

@@ -249,13 +249,15 @@ class TTSWorkload(Workload):
             raise UsageError(f"dataset {source!r} has no rows")
         return rows
 
-    def synthetic_rows(self, count: int, *, input_tokens: int, output_tokens: int | None, seed: int) -> list[InputRow]:
+    def synthetic_rows(
+        self, count: int, *, input_tokens: int, output_tokens: int | None, seed: int, start: int = 0
+    ) -> list[InputRow]:
         """``count`` rows (``input_tokens`` does not apply to speech); each asks for ``output_tokens`` tokens, else
         for its target duration at the model's speech tokens per second."""
         import numpy as np
 
         rows = []
-        for index in range(count):
+        for index in range(start, start + count):
             rng = np.random.default_rng([seed, index])
             target_s = rng.uniform(*SYNTHETIC_TARGET_S)
             reference_s = rng.uniform(*SYNTHETIC_REFERENCE_S)

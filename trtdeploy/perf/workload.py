@@ -253,10 +253,20 @@ class Workload(ABC):
         return load_dataset_rows(source, split=split, column=column, reference_column=reference_column)
 
     def synthetic_rows(
-        self, count: int, *, input_tokens: int | Sequence[int], output_tokens: int | Sequence[int] | None, seed: int
+        self,
+        count: int,
+        *,
+        input_tokens: int | Sequence[int],
+        output_tokens: int | Sequence[int] | None,
+        seed: int,
+        start: int = 0,
     ) -> list[InputRow]:
         """``count`` synthetic rows of exactly ``input_tokens`` tokens, asking for ``output_tokens`` (``--isl/--osl``;
-        None: the run's default); a sequence gives each row its own (LLM workloads, ``--isl-stddev``)."""
+        None: the run's default); a sequence gives each row its own (LLM workloads, ``--isl-stddev``).
+
+        They are the rows ``start .. start + count - 1`` of the run: each depends only on ``(seed, its index)``, so
+        that a run can make its rows a level at a time and get the ones it would have got at once.
+        """
         raise UsageError(f"the {type(self).__name__} workload has no synthetic inputs (--isl/--osl)")
 
     def retarget(self, model_name: str) -> Workload:

@@ -291,7 +291,8 @@ def _where_it_stopped(writer: ReportWriter) -> str:
     if cut:
         level = cut[-1]
         where = level_label(level["concurrency"], level["request_rate"])
-        parts.append(f"{where} cut short after {level['requests']} of {level['planned_requests']} requests")
+        planned = f" of {level['planned_requests']}" if level["planned_requests"] is not None else ""
+        parts.append(f"{where} cut short after {level['requests']}{planned} requests")
     return "; ".join(parts)
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
 from trtdeploy.errors import UsageError
-from trtdeploy.perf.loadgen import Level, arrival_offsets, arrival_seed
+from trtdeploy.perf.loadgen import Level, arrival_offsets, arrival_seed, arrivals_within
 from trtdeploy.perf.runner import InputSpec, LoadSettings
 from trtdeploy.perf.workload import RequestOptions
 
@@ -62,6 +64,31 @@ def test_arrival_processes_keep_the_rate_and_their_spread(arrival, burstiness, c
     gaps = np.diff(np.concatenate([[0], offsets])) / 1e9
     assert abs(1 / gaps.mean() - 50.0) < 0.05 * 50.0
     assert abs(gaps.std() / gaps.mean() - cv) < 0.05 * max(cv, 0.1)
+
+
+def test_a_closed_loop_for_a_duration_goes_round_its_requests_with_fresh_sequence_numbers():
+    from trtdeploy.perf.loadgen import _rounds
+
+    level = Level(0, rows=(4, 5, 6), warmup_rows=(3,), concurrency=2, duration_s=1.5)
+    shares = level.shares(2, seed=0, warmup=False)
+    assert [(share.duration_ns, share.cycle) for share in shares] == [(1_500_000_000, 3)] * 2
+    assert level.shares(1, seed=0, warmup=True)[0].duration_ns is None  # the warmup is a count
+    first = list(itertools.islice(_rounds(shares[0].items, shares[0].cycle), 6))
+    second = list(itertools.islice(_rounds(shares[1].items, shares[1].cycle), 3))
+    assert first == [(1, 4, False), (3, 6, False), (4, 4, False), (6, 6, False), (7, 4, False), (9, 6, False)]
+    assert second == [(2, 5, False), (5, 5, False), (8, 5, False)]  # no sequence number taken twice
+    assert level.planned is None and Level(0, rows=(1, 2), request_rate=5.0, duration_s=1.0).planned == 2
+
+
+@pytest.mark.parametrize(("arrival", "burstiness"), [("poisson", 1.0), ("gamma", 0.5), ("constant", 1.0)])
+def test_an_open_loop_for_a_duration_sends_the_arrivals_due_within_it(arrival, burstiness):
+    seed = arrival_seed(2, 1, warmup=False)
+    count = arrivals_within(3.0, 40.0, arrival=arrival, burstiness=burstiness, seed=seed)
+    offsets = arrival_offsets(count + 1, 40.0, arrival=arrival, burstiness=burstiness, seed=seed)
+    assert offsets[count - 1] <= 3e9 < offsets[count]  # the first arrival after the duration is left out
+    load = LoadSettings(request_rates=(10.0, 40.0), arrival=arrival, burstiness=burstiness, duration_s=3.0, seed=2)
+    assert load.levels(rows=None)[1].num_requests == count
+    assert arrivals_within(1.0, 20.0, arrival="constant") == 20  # due at 50, 100, ..., 1000 ms
 
 
 def _plan(levels):
@@ -139,6 +166,8 @@ def test_bad_load_settings(kwargs):
         ({"max_concurrency": 4}, "--max-concurrency caps open-loop levels"),
         ({"request_rates": (5.0,), "max_concurrency": 2, "workers": 3}, "--max-concurrency 2 is less than --workers 3"),
         ({"request_rates": (5.0,), "max_concurrency": -1}, "--max-concurrency must be >= 0"),
+        ({"duration_s": 0.0}, "--duration must be > 0 seconds, got 0"),
+        ({"duration_s": 5.0, "num_requests": 10}, "--duration and --num-requests are exclusive"),
     ],
 )
 def test_arrival_settings_are_checked(kwargs, message):
@@ -180,6 +209,8 @@ def test_endpoint_from_url(tmp_path, monkeypatch):
         (["--slo", "latency<=5"], "--slo latency<=5: unknown key 'latency'"),
         (["--slo", "ttft_ms<=5", "--attainment", "95"], "--attainment must be > 0 and <= 1"),
         (["--attainment", "0.9"], "--attainment is the share of requests that must meet --slo"),
+        (["--duration", "5", "--num-requests", "3"], "--duration and --num-requests are exclusive"),
+        (["--duration", "-1"], "--duration must be > 0 seconds, got -1"),
         (["--max-error-rate", "2"], "--max-error-rate must be between 0 and 1"),
         (["--temperature", "-0.5"], "--temperature must be >= 0 (0: greedy), got -0.5"),
         (["--top-p", "0"], "--top-p must be > 0 and <= 1, got 0"),

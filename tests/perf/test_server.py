@@ -194,6 +194,55 @@ def test_a_capped_open_loop_never_has_more_in_flight(grpc):
 
 
 @pytest.mark.server
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_closed_loop_for_a_duration_sends_until_the_deadline_and_waits_for_the_rest(grpc, workers):
+    """Sends stop at the deadline (1.5 s after the phase starts, which is before the first send); the slots keep
+    sending until then, going round the level's 8 rows (the 10 rows but the 2 of the warmup) as often as it
+    takes; the requests in flight at the deadline complete. Only recorded times are compared, with the deadline."""
+    duration = 1.5
+    rows = [InputRow(f"number {i} of ten") for i in range(10)]
+    load = LoadSettings(concurrency=(2,), duration_s=duration, workers=workers)
+    result = run(TextLLMWorkload("text_llm_stream"), grpc, load, rows=rows, options=RequestOptions(max_tokens=4))
+    (level,) = result.summary["levels"]
+    recs = measured(result)
+    first_send = min(rec.send_ns for rec in recs)
+    assert (max(rec.send_ns for rec in recs) - first_send) / 1e9 <= duration + 0.1  # nothing sent after it
+    assert (max(rec.end_ns for rec in recs) - first_send) / 1e9 >= duration - 0.5  # ...and sent until it
+    assert all(rec.error is None and rec.end_ns >= rec.send_ns for rec in recs)  # waited for, not cancelled
+    assert level["requests"] == len(recs) == level["completed"] and level["planned_requests"] is None
+    assert len({rec.seq for rec in recs}) == len(recs)
+    assert level["input_rows_reused"] == max(0, len(recs) - 8)  # every request past the first 8 went round again
+    assert level["duration_limit_s"] == duration and level["status"] == "complete"
+    assert {rec.row for rec in recs} <= set(range(2, 10))  # rows 0 and 1 were the warmup's
+
+
+@pytest.mark.server
+def test_an_open_loop_for_a_duration_sends_the_arrivals_due_within_it(grpc):
+    """20/s with constant gaps for 1 s: the 20 arrivals due at 50, 100, ..., 1000 ms, all sent and answered."""
+    load = LoadSettings(request_rates=(20.0,), arrival="constant", duration_s=1.0)
+    result = run(TextLLMWorkload("text_llm"), grpc, load, options=RequestOptions(max_tokens=1))
+    (level,) = result.summary["levels"]
+    recs = measured(result)
+    assert level["planned_requests"] == level["requests"] == level["completed"] == 20
+    scheduled = sorted(rec.scheduled_ns for rec in recs)
+    assert scheduled[-1] - scheduled[0] == 19 * 50_000_000
+
+
+@pytest.mark.server
+def test_a_capped_open_loop_sends_nothing_after_the_deadline(grpc):
+    """200/s for 0.5 s is 100 arrivals, but one at a time (each request sleeps 10 x 5 ms in the model) at most
+    about 10 fit: those still waiting for the slot at the deadline are not sent."""
+    load = LoadSettings(request_rates=(200.0,), arrival="constant", max_concurrency=1, duration_s=0.5)
+    result = run(TextLLMWorkload("text_llm_stream"), grpc, load, options=RequestOptions(max_tokens=10))
+    (level,) = result.summary["levels"]
+    recs = measured(result)
+    start = min(rec.scheduled_ns for rec in recs) - 5_000_000  # the first arrival is due 5 ms after the start
+    assert level["planned_requests"] == 100 and 1 <= level["requests"] == len(recs) <= 11
+    assert all(rec.send_ns - start <= 0.5e9 + 0.1e9 for rec in recs)
+    assert all(rec.error is None for rec in recs) and max_overlap(recs) == 1
+
+
+@pytest.mark.server
 def test_worker_processes_merge_their_records(grpc):
     load = LoadSettings(concurrency=(4,), num_requests=12, warmup=2, workers=2)
     result = run(TextLLMWorkload("text_llm_stream"), grpc, load, options=RequestOptions(max_tokens=3))

@@ -81,6 +81,16 @@ def perf(
             "every request, at least 16 per level)."
         ),
     ] = None,
+    duration: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds each level sends its measured requests for, instead of a request count. Closed loop: the "
+            "slots go on until then, cycling through the level's input rows (counted in input_rows_reused); open "
+            "loop: the arrivals due within it (one still waiting for a --max-concurrency slot then is not sent). "
+            "No request is sent after it, and the requests in flight are waited for (at most --timeout), not "
+            "cancelled: a cancelled request would count as failed and leave the slowest out of the latencies."
+        ),
+    ] = None,
     warmup: Annotated[
         int | None, typer.Option(help="Unmeasured requests before each level (default: the concurrency; 0 for rates).")
     ] = None,
@@ -270,6 +280,7 @@ def perf(
             arrival=arrival,
             burstiness=burstiness,
             max_concurrency=max_concurrency,
+            duration_s=duration,
         ),
         inputs=InputSpec(
             input_data=input_data,

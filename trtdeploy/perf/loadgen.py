@@ -17,6 +17,8 @@ the reason, and every record still reaches the sink.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import math
 import multiprocessing
 import signal
 import time
@@ -93,6 +95,20 @@ def arrival_offsets(
     return np.cumsum(gaps).astype(np.int64).tolist()
 
 
+def arrivals_within(
+    duration_s: float, rate: float, *, arrival: str = "poisson", burstiness: float = 1.0, seed: Sequence[int] = (0,)
+) -> int:
+    """How many of the arrivals of :func:`arrival_offsets` (same process, same seed) are due within
+    ``duration_s``: the first ``count`` offsets of a longer draw are those of a draw of ``count``."""
+    limit_ns = duration_s * 1e9
+    count = math.ceil(1.5 * rate * duration_s) + 16
+    while True:
+        offsets = arrival_offsets(count, rate, arrival=arrival, burstiness=burstiness, seed=seed)
+        if offsets[-1] > limit_ns:
+            return sum(offset <= limit_ns for offset in offsets)
+        count *= 2
+
+
 @dataclass(frozen=True)
 class Share:
     """What one process sends during a level: closed loop, its items over ``slots``; open loop, each item when
@@ -103,6 +119,11 @@ class Share:
     offsets_ns: tuple[int, ...] | None = None
     #: Open loop: at most this many requests in flight (0: no cap); a request due meanwhile waits for one to end.
     cap: int = 0
+    #: A level run for a duration: nothing is sent once this long has passed since the phase started.
+    duration_ns: int | None = None
+    #: Closed loop for a duration: after its items the process sends them again (and again), each round's sequence
+    #: numbers advanced by this (the level's measured requests, so that they stay unique across processes).
+    cycle: int = 0
 
 
 def level_label(concurrency: int | None, request_rate: float | None) -> str:
@@ -126,10 +147,18 @@ class Level:
     arrival: str = "poisson"
     burstiness: float = 1.0
     max_concurrency: int = 0
+    #: Run for this many seconds (the measured phase): closed loop, the slots cycle through ``rows`` until then;
+    #: open loop, ``rows`` are the arrivals due within it. None: send ``rows`` once.
+    duration_s: float | None = None
 
     @property
     def num_requests(self) -> int:
         return len(self.rows)
+
+    @property
+    def planned(self) -> int | None:
+        """Measured requests the level is to send; None for a closed loop run for a duration (as many as fit)."""
+        return None if self.duration_s is not None and self.request_rate is None else self.num_requests
 
     @property
     def warmup(self) -> int:
@@ -150,6 +179,7 @@ class Level:
         to slots; open loop, the requests round-robin with their times from one arrival process, so that the
         processes together send the level's shape."""
         items = self.items(warmup=warmup)
+        timed = {} if warmup or self.duration_s is None else {"duration_ns": round(self.duration_s * 1e9)}
         if self.request_rate is not None:
             offsets = arrival_offsets(
                 len(items),
@@ -166,14 +196,41 @@ class Level:
                     [items[i] for i in picked],
                     offsets_ns=tuple(offsets[i] for i in picked),
                     cap=owned if self.max_concurrency else 0,
+                    **timed,
                 )
                 for picked, owned in _by_slot(len(items), slots, workers)
             ]
         assert self.concurrency is not None
+        cycle = {"cycle": self.num_requests} if timed else {}
         return [
-            Share([items[i] for i in picked], slots=owned)
+            Share([items[i] for i in picked], slots=owned, **timed, **cycle)
             for picked, owned in _by_slot(len(items), self.concurrency, workers)
         ]
+
+
+def _rounds(items: Sequence[Item], cycle: int) -> Iterator[Item]:
+    """``items`` over and over, each round's sequence numbers ``cycle`` past the last round's."""
+    for number in itertools.count():
+        for seq, row, warmup in items:
+            yield seq + number * cycle, row, warmup
+
+
+async def _acquire_by(semaphore: asyncio.Semaphore, deadline_ns: int | None) -> bool:
+    """Acquire ``semaphore`` before ``deadline_ns`` (None: whenever it frees); whether it was acquired."""
+    if deadline_ns is None:
+        return await semaphore.acquire()
+    waiting = asyncio.ensure_future(semaphore.acquire())
+    try:
+        done, _ = await asyncio.wait({waiting}, timeout=max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9))
+    finally:
+        if not waiting.done():
+            waiting.cancel()
+            await asyncio.wait({waiting})
+    if done:
+        return True
+    if not waiting.cancelled():  # acquired as the wait ran out: give it back
+        semaphore.release()
+    return False
 
 
 def _by_slot(count: int, slots: int, workers: int) -> list[tuple[list[int], int]]:
@@ -204,7 +261,9 @@ class LevelRunner:
         #: CPU seconds this process spent in the last :meth:`run` (all its threads: grpc's included).
         self.cpu_s = 0.0
         self._abort: str | None = None
-        self._start_ns: int | None = None
+        self._start_ns = 0
+        #: No request goes out from this time on (a level run for a duration).
+        self._deadline_ns: int | None = None
         self._sink_error: Exception | None = None
         self._tasks: list[asyncio.Future[Any]] = []
         self._complete: deque[Record] = deque()
@@ -230,19 +289,23 @@ class LevelRunner:
         Open loop: the offsets count from ``start_ns`` (``time.perf_counter_ns``; default: now), the one start
         of every process's share.
 
+        A share with a duration sends nothing once it has passed (counted from the same start) and waits for the
+        requests in flight: cancelling them would fail them and drop the slowest from the latencies.
+
         Cancelling this (Ctrl-C) fails the requests in flight as ``interrupted``, hands them to ``sink`` too, and
         re-raises.
         """
         self.done = self.errors = 0
         self._abort = self._sink_error = None
         self._level, self._sink = level, sink
-        self._start_ns = start_ns
+        self._start_ns = start_ns or time.perf_counter_ns()
+        self._deadline_ns = None if share.duration_ns is None else self._start_ns + share.duration_ns
         self._audio_rows.clear()
         cpu = time.process_time()
         consumer = asyncio.ensure_future(self._consume())
         try:
             if share.offsets_ns is None:
-                items = iter(share.items)
+                items = _rounds(share.items, share.cycle) if share.cycle else iter(share.items)
                 callers = [self.transport.caller(stream=self.stream) for _ in range(share.slots)]  # a stream per slot
                 self._tasks = [asyncio.ensure_future(self._slot(items, call)) for call in callers]
             elif share.items:
@@ -306,6 +369,8 @@ class LevelRunner:
                     return
                 if backoff:
                     await asyncio.sleep(backoff)
+                if self._deadline_ns is not None and time.perf_counter_ns() >= self._deadline_ns:
+                    return
                 rec = Record(seq, row, warmup)
                 await self._send(call, rec)
                 backoff = min(2 * backoff or BACKOFF_S, BACKOFF_MAX_S) if rec.unanswered else 0.0
@@ -319,15 +384,16 @@ class LevelRunner:
         offsets = share.offsets_ns
         tasks: set[asyncio.Future[None]] = set()
         in_flight = asyncio.Semaphore(share.cap) if share.cap else None
-        start = self._start_ns or time.perf_counter_ns()
+        start = self._start_ns
         try:
             for (seq, row, warmup), offset in zip(share.items, offsets, strict=True):
                 due = start + offset
                 delay = due - time.perf_counter_ns()
                 if delay > 0:
                     await asyncio.sleep(delay / 1e9)
-                if in_flight is not None:  # the wait shows as the request's scheduling lag
-                    await in_flight.acquire()
+                # the wait for a free slot shows as the request's scheduling lag; at the deadline nothing more goes
+                if in_flight is not None and not await _acquire_by(in_flight, self._deadline_ns):
+                    break
                 rec = Record(seq, row, warmup)
                 rec.scheduled_ns = due
                 task = asyncio.ensure_future(self._send(call, rec))

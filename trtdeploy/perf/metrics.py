@@ -58,8 +58,12 @@ DEFINITIONS = {
     "audio_seconds_per_second": "ASR: total audio seconds of the successful requests / window",
     "characters_per_second": "TTS: characters of the texts the successful requests spoke / window",
     "input_rows_reused": "measured requests sent with an input row that an earlier request of the run (warmup "
-    "included) was sent with: 0 unless the input has fewer rows than the run sends, or --reuse-rows asks for it",
-    "planned_requests": "measured requests the level was to send (fewer were sent when it ended early)",
+    "included) was sent with: 0 unless the input has fewer rows than the run sends, --reuse-rows asks for it, or "
+    "a closed-loop level run for a --duration cycled through its rows",
+    "planned_requests": "measured requests the level was to send (fewer were sent when it ended early, or with "
+    "--duration when the deadline came first); null for a closed-loop level run for a --duration",
+    "duration_limit_s": "--duration: the seconds the level's measured requests were sent for (no request went out "
+    "after them; the requests in flight then were waited for, so the window runs past them); null: a request count",
     "status": "complete, or how the level ended early: server_lost (the server stopped answering; the requests "
     "in flight failed) or interrupted (Ctrl-C; the requests in flight failed)",
     "server.metrics.gauges": "each Prometheus gauge sampled about every second while the level ran: min, mean, max",
@@ -252,6 +256,8 @@ class LevelStats:
         self.family = family
         self.slo = SloTally(slo) if slo is not None else None
         self.measured = self.warmup = self.ok = self.zero_output = self.underrun_requests = 0
+        #: Measured requests of a closed loop run for a duration that went round its requests again.
+        self.repeats = 0
         self.first_send: int | None = None
         self.last_end: int | None = None
         self.busy_ns = 0
@@ -281,6 +287,7 @@ class LevelStats:
             self.warmup += 1
             return
         self.measured += 1
+        self.repeats += rec.seq >= self.level.warmup + self.level.num_requests
         self.first_send = rec.send_ns if self.first_send is None else min(self.first_send, rec.send_ns)
         self.last_end = rec.end_ns if self.last_end is None else max(self.last_end, rec.end_ns)
         self.busy_ns += rec.end_ns - rec.send_ns
@@ -341,8 +348,9 @@ class LevelStats:
             "completed": self.ok,
             "errors": failed,
             "error_rate": failed / self.measured if self.measured else 0.0,
-            "input_rows_reused": level.reused_rows,
+            "input_rows_reused": level.reused_rows + self.repeats,
             "duration_s": window_s,
+            "duration_limit_s": level.duration_s,
             "achieved_concurrency": self.busy_ns / 1e9 / window_s if window_s > 0 else None,
             "request_throughput": _per_second(self.ok, window_s),
             "client_cpu_s": sum(client_cpu_s),

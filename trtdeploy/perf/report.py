@@ -59,7 +59,7 @@ class LiveProgress:
     def __exit__(self, *exc: object) -> None:
         self._progress.stop()
 
-    def start_level(self, label: str, total: int) -> None:
+    def start_level(self, label: str, total: int | None) -> None:
         self._task = self._progress.add_task(label, total=total, errors=0)
 
     def update(self, done: int, errors: int) -> None:

@@ -17,7 +17,18 @@ from typing import Any, Protocol
 from ..errors import PerfError, ServerError, UsageError
 from .control import ControlClient, failure_reason, within
 from .control import Protocol as Transport
-from .loadgen import ARRIVAL_STREAM, ARRIVALS, Level, LocalDriver, PhaseResult, WorkerPool, WorkerSpec, level_label
+from .loadgen import (
+    ARRIVAL_STREAM,
+    ARRIVALS,
+    Level,
+    LocalDriver,
+    PhaseResult,
+    WorkerPool,
+    WorkerSpec,
+    arrival_seed,
+    arrivals_within,
+    level_label,
+)
 from .metrics import DEFINITIONS, LevelStats
 from .records import Record
 from .slo import Slo
@@ -40,13 +51,15 @@ PROBE_GAP_S = 0.25
 
 
 class ProgressReporter(Protocol):
-    def start_level(self, label: str, total: int) -> None: ...
+    def start_level(self, label: str, total: int | None) -> None:
+        """A level starts: ``total`` requests, warmup included (None: as many as its duration takes)."""
+
     def update(self, done: int, errors: int) -> None: ...
     def finish_level(self) -> None: ...
 
 
 class _NoProgress:
-    def start_level(self, label: str, total: int) -> None: ...
+    def start_level(self, label: str, total: int | None) -> None: ...
     def update(self, done: int, errors: int) -> None: ...
     def finish_level(self) -> None: ...
 
@@ -102,6 +115,11 @@ class LoadSettings:
     concurrency) in closed loop, none in open loop. Open-loop requests come at the times of ``arrival``
     (:data:`~trtdeploy.perf.loadgen.ARRIVALS`): Poisson, gamma gaps of shape ``burstiness``, or constant gaps; with
     ``max_concurrency``, no more than that many in flight (a request due meanwhile waits for one to end).
+
+    With ``duration_s`` a level's measured phase runs for that long instead of a request count: closed loop, the
+    slots cycle through the level's requests (reusing their rows) until then; open loop, its requests are the
+    arrivals due within it (one still waiting for a free slot at the end is not sent). No request is sent after
+    it, and the requests in flight are waited for.
     """
 
     concurrency: tuple[int, ...] = (1,)
@@ -115,6 +133,7 @@ class LoadSettings:
     arrival: str = "poisson"
     burstiness: float = 1.0
     max_concurrency: int = 0
+    duration_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -146,6 +165,13 @@ class LoadSettings:
             raise UsageError(f"--request-rate values must be > 0, got {bad[0]:g}", hint="e.g. --request-rate 5,10")
         if self.num_requests is not None and self.num_requests < 1:
             raise UsageError(f"--num-requests must be >= 1, got {self.num_requests}")
+        if self.duration_s is not None and not 0 < self.duration_s < math.inf:
+            raise UsageError(f"--duration must be > 0 seconds, got {self.duration_s:g}", hint="e.g. --duration 60")
+        if self.duration_s is not None and self.num_requests is not None:
+            raise UsageError(
+                "--duration and --num-requests are exclusive: a level runs for a time or for a count of requests",
+                hint="choose one",
+            )
         if self.warmup is not None and self.warmup < 0:
             raise UsageError(f"--warmup must be >= 0, got {self.warmup}")
         if self.timeout_s <= 0:
@@ -176,9 +202,13 @@ class LoadSettings:
             return rows
         return max(0, rows - sum(self.warmup_of(value) for value in self.values)) // len(self.values)
 
-    def count_of(self, value: float, share: int) -> int:
-        """Measured requests of the level at ``value``: ``num_requests``, or the larger of its floor (4 x the
-        concurrency, 10 s of arrivals) and ``share``."""
+    def count_of(self, value: float, share: int, index: int) -> int:
+        """Measured requests of level ``index`` at ``value``: ``num_requests``; for a duration, the arrivals due
+        within it (open loop); else the larger of its floor (4 x the concurrency, 10 s of arrivals) and ``share``
+        (in closed loop for a duration: the requests its slots cycle through)."""
+        if self.open_loop and self.duration_s is not None:
+            seed = arrival_seed(self.seed, index, warmup=False)
+            return arrivals_within(self.duration_s, value, arrival=self.arrival, burstiness=self.burstiness, seed=seed)
         floor = math.ceil(10 * value) if self.open_loop else 4 * int(value)
         return self.num_requests or max(floor, share)
 
@@ -219,7 +249,7 @@ class LevelPlan:
         self._used.update(warmup_rows)
         if load.reuse_rows:  # the measured requests, too, start at the first row
             self._cursor = 0
-        measured = self._take(load.count_of(value, self.share))
+        measured = self._take(load.count_of(value, self.share, self._next_index))
         reused = 0
         for row in measured:
             reused += row in self._used
@@ -234,7 +264,7 @@ class LevelPlan:
             if load.open_loop
             else {"concurrency": int(value)}
         )
-        level = Level(self._next_index, measured, warmup_rows, reused_rows=reused, **kind)
+        level = Level(self._next_index, measured, warmup_rows, reused_rows=reused, duration_s=load.duration_s, **kind)
         self._next_index += 1
         return level
 
@@ -593,7 +623,8 @@ class _LevelRun:
         before: Snapshot | str = "not taken"
         after: Snapshot | str = "not taken"
         gauges = GaugeSampler(self.endpoint.metrics_url)
-        self.progress.start_level(level.label, level.warmup + level.num_requests)
+        planned = level.planned
+        self.progress.start_level(level.label, None if planned is None else level.warmup + planned)
         try:
             if level.warmup:
                 await watch.guard(self.driver, self.driver.run_phase(level, self.seed, progressed, sink, warmup=True))
@@ -619,7 +650,7 @@ class _LevelRun:
         finally:
             self.progress.finish_level()
             summary = stats.summary(cpu_s, status)
-            summary["planned_requests"] = level.num_requests
+            summary["planned_requests"] = level.planned
             if isinstance(before, Snapshot) and isinstance(after, Snapshot):
                 summary["server"] = server_delta(before, after, gauges.summary())
             else:

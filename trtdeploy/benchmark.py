@@ -31,6 +31,7 @@ from .perf.runner import (
     ServerLost,
     run_levels,
 )
+from .perf.search import check_search
 from .perf.slo import Slo
 from .perf.workload import InputRow, RequestOptions, Workload
 from .server import DEFAULT_PORTS, resolved_path
@@ -65,6 +66,7 @@ class PerfSettings:
     def __post_init__(self) -> None:
         if self.url is not None:
             check_url(self.url)
+        check_search(self.load.find, self.slo)
 
 
 def server_of(deployment: Path) -> ServerInfo:
@@ -365,6 +367,8 @@ def benchmark(
     except BaseException:
         _keep(writer, created, "failed")
         raise
+    if "search" in run.summary:
+        writer.extra["search"] = run.summary["search"]
     writer.finish("complete")  # the measurements are complete on disk before any scoring
     run.output_dir = output_dir
     if asr is not None:

@@ -406,6 +406,48 @@ def test_cli_plugin_workload_and_error_rate_exit(fake_server, fake_plugin, make_
 
 
 @pytest.mark.server
+def test_cli_find_searches_levels_and_keeps_each_on_disk(fake_server, fake_plugin, make_deployment, tmp_path, capsys):
+    """The offline fake answers one request at a time, each after sleeping 200 x 1 ms. At concurrency 1 a request
+    takes 200 ms and some overhead; at 2, in closed loop, every request but the first waits for the other slot's
+    whole request before its own: at least 400 ms (sleeps only ever last longer). So e2e_ms<=300 holds at 1 (75%
+    of the requests within 100 ms of overhead are enough) and cannot hold at 2: the search runs 1, then 2, and
+    finds 1."""
+    from trtdeploy.cli.main import main
+
+    out = tmp_path / "out"
+    deployment = make_deployment(max_output_len=256)
+    args = ["perf", str(deployment), "--url", fake_server.grpc_url, "--model", "text_llm", "--isl", "8"]
+    args += ["--osl", "200", "--find", "max-concurrency", "--slo", "e2e_ms<=300", "--attainment", "0.75"]
+    with pytest.raises(SystemExit) as caught:
+        main([*args, "--output-dir", str(out), "--no-plots"])
+    captured = capsys.readouterr()
+    assert caught.value.code == 0, captured.err
+    printed = " ".join(captured.out.split())
+    assert "max concurrency meeting e2e_ms<=300 for 75% of requests: 1 (attainment" in printed
+    assert "2 missed it; 2 levels run)" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["find"] == "max-concurrency" and summary["slo"] == {"limits": {"e2e_ms": 300}, "attainment": 0.75}
+    assert summary["search"] == {
+        "find": "max-concurrency",
+        "start": 1,
+        "found": 1,
+        "level": 0,
+        "lowest_failed": 2,
+        "ceiling_reached": False,
+        "levels_run": 2,
+    }
+    assert [(level["concurrency"], level["slo_met"]) for level in summary["levels"]] == [(1, True), (2, False)]
+    assert summary["levels"][1]["attainment"] <= 1 / 16  # only the first request at 2 had nobody ahead of it
+    records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert {record["level"] for record in records} == {0, 1} and len(records) == (1 + 16) + (2 + 16)
+
+    with pytest.raises(SystemExit) as caught:
+        main([*args[:-6], "--find", "max-concurrency"])  # no --slo
+    assert caught.value.code == 2
+    assert "--find max-concurrency looks for the highest level that meets --slo" in capsys.readouterr().err
+
+
+@pytest.mark.server
 @pytest.mark.parametrize("model", ["text_llm", "text_llm_stream"])
 def test_zero_token_answers_are_successes(grpc, model):
     """A model whose first token is end-of-sequence: a success with 0 tokens, no TTFT, no ttft/itl SLO met."""

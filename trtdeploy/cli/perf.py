@@ -202,6 +202,15 @@ def perf(
             "meet the SLO (default 0.95)."
         ),
     ] = None,
+    find: Annotated[
+        Literal["max-concurrency", "max-rate"] | None,
+        typer.Option(
+            help="Search for the highest concurrency (closed loop, from --concurrency, default 1) or request rate "
+            "(open loop, from --request-rate) at which a level meets --slo: doubling until a level misses it (at "
+            "most 10 times; halving instead when the first misses), then bisection down to neighbouring "
+            "concurrencies or rates 5% apart. Every level searched is measured and written like any other."
+        ),
+    ] = None,
     max_error_rate: Annotated[
         float, typer.Option(help="Fail (exit 6) when a level's share of failed requests exceeds this.")
     ] = 0.0,
@@ -255,7 +264,7 @@ def perf(
     if not 0.0 <= max_error_rate <= 1.0:
         raise UsageError(f"--max-error-rate must be between 0 and 1, got {max_error_rate:g}", hint="e.g. 0.01")
     from ..benchmark import PerfSettings, benchmark, resolve_asr
-    from ..perf.report import LiveProgress, print_table
+    from ..perf.report import LiveProgress, print_table, search_result
     from ..perf.runner import InputSpec, LoadSettings
     from ..perf.slo import Slo
     from ..perf.workload import RequestOptions
@@ -281,6 +290,7 @@ def perf(
             burstiness=burstiness,
             max_concurrency=max_concurrency,
             duration_s=duration,
+            find=find,
         ),
         inputs=InputSpec(
             input_data=input_data,
@@ -313,5 +323,8 @@ def perf(
         emit_json(run.summary)
     else:
         print_table(out, run.summary)
+        found = search_result(run.summary)
+        if found is not None:
+            out.print(found, highlight=False)
         out.print(f"reports: {run.output_dir}")
     run.check_error_rate(max_error_rate)

@@ -106,6 +106,13 @@ def _x_label(level: dict[str, Any]) -> str:
     return str(level["concurrency"]) if level["request_rate"] is None else f"{level['request_rate']:g}/s"
 
 
+def _by_value(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The levels by concurrency or request rate (a search runs them in another order)."""
+    return sorted(
+        levels, key=lambda level: level["concurrency"] if level["request_rate"] is None else level["request_rate"]
+    )
+
+
 def _has_scores(level: dict[str, Any]) -> bool:
     """Whether the level has WER/CER: TTS speech transcribed (``--asr``), or ASR transcripts with references."""
     scores = level.get("asr")
@@ -113,11 +120,12 @@ def _has_scores(level: dict[str, Any]) -> bool:
 
 
 def results_table(summary: dict[str, Any]) -> Table:
-    """The console table of a run: one row per level; latencies as p50/p99 in ms."""
+    """The console table of a run: one row per level, by concurrency or rate; latencies as p50/p99 in ms."""
     from rich import box
     from rich.table import Table
 
-    levels = summary["levels"]
+    levels = _by_value(summary["levels"])
+    found = (summary.get("search") or {}).get("level")
     open_loop = any(level["request_rate"] is not None for level in levels)
     family = summary["family"]
     audio = family in ("tts", "asr")  # latencies per second of audio: RTF instead of token throughput
@@ -165,7 +173,7 @@ def results_table(summary: dict[str, Any]) -> Table:
         if scored:
             scores = level.get("asr") or {}
             row += [_percent(scores.get(f"wer_{rate}")), _percent(scores.get(f"cer_{rate}"))]
-        table.add_row(*row, style="red" if level["errors"] else None)
+        table.add_row(*row, style="red" if level["errors"] else "bold" if level["level"] == found else None)
     notes = ["latencies in ms"]
     early = sorted({level["status"] for level in levels if level.get("status", "complete") != "complete"})
     if early:
@@ -181,12 +189,35 @@ def results_table(summary: dict[str, Any]) -> Table:
     if slo is not None:
         meeting = ", ".join(map(str, slo.per_request)) or "no per-request limit (successful requests)"
         notes.append(f"goodput: req/s meeting {meeting}; SLO: their share, ✓ for {slo.describe()}")
+    if found is not None:
+        notes.append("bold: the level --find found")
     if any((level["client_cpu_utilization"] or 0) >= CLIENT_BUSY for level in levels):
         notes.append(
             f"[yellow]a client process was >= {CLIENT_BUSY:.0%} busy: results may be client-bound (--workers)[/]"
         )
     table.caption = "; ".join(notes)
     return table
+
+
+def search_result(summary: dict[str, Any]) -> str | None:
+    """One line on what ``--find`` found (None for a run without a search)."""
+    search = summary.get("search")
+    if not search:
+        return None
+    concurrency = search["find"] == "max-concurrency"
+    what, unit = ("max concurrency", "") if concurrency else ("max request rate", "/s")
+    slo = Slo.from_dict(summary["slo"]).describe()
+    runs = f"{search['levels_run']} levels run"
+    if search["found"] is None:
+        return f"{what} meeting {slo}: none (down to {search['lowest_failed']:g}{unit}, no level met it; {runs})"
+    level = summary["levels"][search["level"]]
+    line = (
+        f"{what} meeting {slo}: {search['found']:g}{unit} (attainment {_percent(level['attainment'])}, "
+        f"{_num(level['request_throughput'])} req/s"
+    )
+    if search["lowest_failed"] is not None:
+        return f"{line}; {search['lowest_failed']:g}{unit} missed it; {runs})"
+    return f"{line}; every level met it up to the search's ceiling, so the most may be higher; {runs})"
 
 
 def print_table(console: Console, summary: dict[str, Any]) -> None:
@@ -321,7 +352,7 @@ def write_plots(summary: dict[str, Any], output_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    levels = summary["levels"]
+    levels = _by_value(summary["levels"])
     open_loop = any(level["request_rate"] is not None for level in levels)
     xs = [level["request_rate"] if open_loop else level["concurrency"] for level in levels]
     x_label = "request rate (req/s)" if open_loop else "concurrency"

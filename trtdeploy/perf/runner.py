@@ -31,13 +31,14 @@ from .loadgen import (
 )
 from .metrics import DEFINITIONS, LevelStats
 from .records import Record
+from .search import FINDS, MAX_STEPS, Search, check_search
 from .slo import Slo
 from .stats import GaugeSampler, Snapshot, server_delta, snapshot
 from .workload import InputRow, ModelInfo, RequestOptions, Workload
 
 #: Prompt length of the synthetic inputs used when no input is given (at most the deployment's max_input_len).
 DEFAULT_ISL = 128
-#: The fewest measured requests per level with synthetic inputs (4 x concurrency above that).
+#: The fewest measured requests per level with synthetic inputs or in a search (4 x concurrency above that).
 SYNTHETIC_MIN = 16
 #: Pause before a statistics snapshot: Triton counts a request when it releases it, just after its last response.
 STATS_SETTLE_S = 0.05
@@ -120,6 +121,10 @@ class LoadSettings:
     slots cycle through the level's requests (reusing their rows) until then; open loop, its requests are the
     arrivals due within it (one still waiting for a free slot at the end is not sent). No request is sent after
     it, and the requests in flight are waited for.
+
+    With ``find`` (:data:`~trtdeploy.perf.search.FINDS`) the levels are not given but searched for, from the one
+    concurrency or request rate given (:class:`~trtdeploy.perf.search.Search`); each level sends at least
+    SYNTHETIC_MIN requests whatever the input (the rows' share with ``reuse_rows``).
     """
 
     concurrency: tuple[int, ...] = (1,)
@@ -134,6 +139,7 @@ class LoadSettings:
     burstiness: float = 1.0
     max_concurrency: int = 0
     duration_s: float | None = None
+    find: str | None = None
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -167,6 +173,8 @@ class LoadSettings:
             raise UsageError(f"--num-requests must be >= 1, got {self.num_requests}")
         if self.duration_s is not None and not 0 < self.duration_s < math.inf:
             raise UsageError(f"--duration must be > 0 seconds, got {self.duration_s:g}", hint="e.g. --duration 60")
+        if self.find is not None:
+            self._check_find(self.find)
         if self.duration_s is not None and self.num_requests is not None:
             raise UsageError(
                 "--duration and --num-requests are exclusive: a level runs for a time or for a count of requests",
@@ -177,10 +185,35 @@ class LoadSettings:
         if self.timeout_s <= 0:
             raise UsageError(f"--timeout must be > 0, got {self.timeout_s:g}")
 
+    def _check_find(self, find: str) -> None:
+        if find not in FINDS:
+            raise UsageError(f"--find {find!r} is not one of {', '.join(FINDS)}")
+        if find == "max-concurrency" and self.open_loop:
+            raise UsageError(
+                "--find max-concurrency searches closed-loop levels",
+                hint="leave out --request-rate, or pass --find max-rate",
+            )
+        if find == "max-rate" and not self.open_loop:
+            raise UsageError(
+                "--find max-rate searches open-loop levels from a first rate",
+                hint="pass --request-rate START, e.g. --request-rate 1",
+            )
+        if len(self.values) > 1:
+            flag = "--request-rate" if self.open_loop else "--concurrency"
+            given = ",".join(f"{value:g}" for value in self.values)
+            raise UsageError(f"--find starts from one {flag} value, got {given}", hint=f"pass {flag} START")
+
     @property
     def values(self) -> tuple[float, ...]:
-        """The levels asked for: request rates (open loop), else concurrencies."""
+        """The levels asked for (with ``find``: the start): request rates (open loop), else concurrencies."""
         return self.request_rates or self.concurrency
+
+    @property
+    def most_concurrency(self) -> int:
+        """The most slots a closed-loop level of the run has (the search's ceiling with ``find``); 0 in open loop."""
+        if self.open_loop:
+            return 0
+        return int(self.concurrency[0] * 2**MAX_STEPS) if self.find else max(self.concurrency)
 
     @property
     def open_loop(self) -> bool:
@@ -195,11 +228,13 @@ class LoadSettings:
     def share(self, rows: int | None) -> int:
         """The measured requests a level sends at least beside its floor: the rows left after the warmups divided
         among the levels (all the rows with ``reuse_rows``), or SYNTHETIC_MIN for synthetic inputs (``rows``
-        None)."""
+        None) and in a search."""
         if rows is None:
             return SYNTHETIC_MIN
         if self.reuse_rows:
             return rows
+        if self.find:  # how many levels there will be is not known
+            return SYNTHETIC_MIN
         return max(0, rows - sum(self.warmup_of(value) for value in self.values)) // len(self.values)
 
     def count_of(self, value: float, share: int, index: int) -> int:
@@ -506,7 +541,11 @@ async def run_levels(
     server does not live through ends early and raises :class:`ServerLost`; Ctrl-C (cancellation) ends it as
     ``interrupted``; either way its summary reaches the observer first. ``warn`` gets a line for input rows reused
     without ``reuse_rows``.
+
+    With ``load.find`` the levels are searched for (:class:`~trtdeploy.perf.search.Search`): each is planned once
+    the one before it has told whether it met ``slo``, and the summary's ``search`` says what was found.
     """
+    check_search(load.find, slo)
     progress = progress or _NoProgress()
     collector = RunCollector() if observer is None else None
     observer = observer or collector
@@ -521,7 +560,9 @@ async def run_levels(
             slo.check(workload.family, stream)
         workload.validate(model, options)
         requests = [workload.make_request(row, options, model) for row in rows]
-        levels = load.levels(None if make_rows is not None else len(rows))
+        plan = LevelPlan(load, None if make_rows is not None else len(rows))
+        search = Search(load.find, load.values[0]) if load.find is not None else None
+        levels = [plan.level(value) for value in load.values] if search is None else []
         reused = sum(level.reused_rows for level in levels)
         if reused and not load.reuse_rows and warn is not None:
             sent = sum(level.warmup + level.num_requests for level in levels)
@@ -544,11 +585,12 @@ async def run_levels(
             else None,
             "options": asdict(options),
             "slo": slo.to_dict() if slo is not None else None,
+            "find": load.find,
             "workers": load.workers,
         }
         observer.started(header)
         # connections a process needs: its share of the slots; 0 (no limit) in open loop
-        slots = max(math.ceil((level.concurrency or 0) / load.workers) for level in levels)
+        slots = math.ceil(load.most_concurrency / load.workers)
         spec = WorkerSpec(endpoint.protocol, endpoint.url, model.name, load.timeout_s, stream, slots)
         driver: LocalDriver | WorkerPool
         driver = (
@@ -559,27 +601,45 @@ async def run_levels(
         summaries: list[dict[str, Any]] = []
         level_run = _LevelRun(driver, control, endpoint, workload.family, stream, slo, load.seed, progress, observer)
 
-        def make_requests(level: Level) -> None:
-            """Make the synthetic rows that ``level`` takes and the run has not made yet, for the driver."""
+        async def run_level(level: Level) -> dict[str, Any]:
+            """Make the synthetic rows that ``level`` takes and the run has not made yet, then run it."""
             needed = max(level.warmup_rows + level.rows, default=-1) + 1
             if make_rows is not None and needed > len(requests):
                 made = make_rows(len(requests), needed - len(requests))
                 more = [workload.make_request(row, options, model) for row in made]
                 requests.extend(more)
                 driver.add(more)
+            summary = await level_run.run(level)
+            summaries.append(summary)
+            return summary
 
         try:
             await driver.start()
             for level in levels:
-                make_requests(level)
-                summaries.append(await level_run.run(level))
+                await run_level(level)
+            warned = False
+            while search is not None and (value := search.next_value()) is not None:
+                level = plan.level(value)
+                if level.reused_rows and not load.reuse_rows and warn is not None and not warned:
+                    warn(_search_reuse(len(rows), level))
+                    warned = True
+                search.record(value, bool((await run_level(level))["slo_met"]))
         finally:
             await driver.close()
     finally:
         await control.close()
+    found = {"search": search.summary()} if search is not None else {}
     return PerfRun(
-        summary={**header, "status": "complete", "levels": summaries, "definitions": DEFINITIONS},
+        summary={**header, **found, "status": "complete", "levels": summaries, "definitions": DEFINITIONS},
         records=collector.records if collector is not None else [],
+    )
+
+
+def _search_reuse(rows: int, level: Level) -> str:
+    return (
+        f"the input's {rows} rows do not last the search: {level.reused_rows} measured requests of {level.label} "
+        "and maybe of later levels reuse a row (input_rows_reused in the summary); give more rows, or pass "
+        "--reuse-rows to reuse them on purpose"
     )
 
 

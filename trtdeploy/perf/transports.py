@@ -49,7 +49,8 @@ class Transport(ABC):
 
     @abstractmethod
     def encode(self, request: Request, *, stream: bool) -> Any:
-        """The request in the form this transport sends (built once per row, before the load)."""
+        """The request in the form this transport sends (built once per row, before the level that first sends
+        it)."""
 
     @abstractmethod
     def caller(self, *, stream: bool) -> Caller:

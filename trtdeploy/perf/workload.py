@@ -232,7 +232,8 @@ class Workload(ABC):
 
     @abstractmethod
     def make_request(self, row: InputRow, options: RequestOptions, model: ModelInfo) -> Request:
-        """Build the request for one row (called before the load starts; may be slow, e.g. tokenize)."""
+        """Build the request for one row (called before the load starts, or for synthetic rows before the level
+        that first sends it; may be slow, e.g. tokenize)."""
 
     @abstractmethod
     def parse_chunk(self, outputs: Mapping[str, np.ndarray], request: Request) -> Chunk:

@@ -560,6 +560,18 @@ def test_lengths_beyond_the_deployment_limits_are_refused(make_deployment, tmp_p
     assert not (tmp_path / "perf-results").exists()  # nothing left behind
 
 
+def test_an_slo_key_the_workload_does_not_measure_is_refused_before_the_server(make_deployment, tmp_path):
+    done = _cli(
+        str(make_deployment()),
+        *("--url", f"localhost:{free_port()}", "--model", "tensorrt_llm", "--slo", "ttft_ms<=100,rtf_p95<=1"),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2, done.stderr  # a usage error, before the (unreachable) server is tried
+    message = " ".join(done.stderr.split())
+    assert "Error: --slo rtf_p95 cannot be measured for llm requests" in message
+    assert "SLO keys here: ttft_ms, itl_ms, e2e_ms" in message and done.stderr.count("Error:") == 1
+
+
 @pytest.mark.parametrize("where", ["/proc/trtdeploy-perf", "FILE", "FILE/below"])
 def test_an_unusable_output_dir_is_refused_before_the_load(make_deployment, tmp_path, where):
     (tmp_path / "file").write_text("not a folder")

@@ -189,7 +189,7 @@ def perf(
         str | None,
         typer.Option(
             help="Service-level objectives, all to be met: KEY<=LIMIT,... over ttft_ms, itl_ms, e2e_ms (LLMs), "
-            "first_chunk_ms, rtf (TTS), first_partial_ms (ASR), e2e_ms and rtf (any speech), in ms but the RTF. A key "
+            "first_chunk_ms, e2e_ms, rtf (TTS) or first_partial_ms, e2e_ms, rtf (ASR), in ms but the RTF. A key "
             "bounds every request (its share meeting them all is the level's attainment, those per second its "
             "goodput); with a percentile suffix it bounds the level: ttft_ms_p90<=200 (90% of its requests within "
             "200 ms). A request without a value (failed; LLMs: no token) meets no limit on it."

@@ -3,10 +3,12 @@
 Closed loop: each of N slots sends its next request as soon as its last one is complete (one shared queue of
 requests per process, so no slot idles while another has work left). Open loop: requests are sent at the times of
 an arrival process (Poisson, gamma with a burstiness, or constant gaps; :data:`ARRIVALS`) whatever is in flight.
-The warmup requests of a level are sent the same way but excluded from the metrics. With ``workers`` > 1 the slots
-(or the requests of the one arrival process, with their times) are split across spawned processes, each with its
-own connection, and their records are merged; ``time.perf_counter_ns`` is the system-wide monotonic clock on Linux,
-so times from different processes compare.
+A level can run for a duration instead of sending its requests once: closed loop, the slots go round them until
+the deadline; open loop, they are the arrivals due before it. The warmup requests of a level are sent the same
+way (always once) but excluded from the metrics. With ``workers`` > 1 the slots (or the requests of the one
+arrival process, with their times) are split across spawned processes, each with its own connection, and their
+records are merged; ``time.perf_counter_ns`` is the system-wide monotonic clock on Linux, so times from different
+processes compare.
 
 A complete request is decoded through the workload after the next request of its slot has gone out, and handed to
 a sink at once: nothing keeps raw responses beyond their request, so the client's memory stays flat however long

@@ -44,6 +44,10 @@ DEFINITIONS = {
     "measured requests do not exceed (nearest rank; a failed request, or one without a value, counts as above "
     "any limit: null when such requests reach that rank)",
     "slo_met": "--slo: the level's attainment reached --attainment and every percentile limit held",
+    "search": "--find: found, the highest concurrency or request rate whose level met the SLO (null: none did), "
+    "and level, its index among the levels (run in the search's order); lowest_failed, the lowest value above it "
+    "whose level did not; ceiling_reached: every level met it up to start x 1024, where the search stopped; "
+    "levels_run",
     "token_source": "server: counted from returned token ids; retokenized: the output text re-encoded with the "
     "model's tokenizer",
     "accuracy.exact_match": "share of the successful requests with a reference output whose output equals it "

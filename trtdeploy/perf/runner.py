@@ -209,7 +209,7 @@ class LoadSettings:
         return self.request_rates or self.concurrency
 
     @property
-    def most_concurrency(self) -> int:
+    def peak_concurrency(self) -> int:
         """The most slots a closed-loop level of the run has (the search's ceiling with ``find``); 0 in open loop."""
         if self.open_loop:
             return 0
@@ -536,11 +536,10 @@ async def run_levels(
 
     ``stream`` None streams exactly when the served model is decoupled. ``make_rows(start, count)``: synthetic
     rows ``start .. start + count - 1``, one per request, made (with their requests) as each level is about to
-    run; ``rows`` is then empty. Records and level summaries go to
-    ``observer`` as they exist (default: a :class:`RunCollector`, whose records the result holds). A level the
-    server does not live through ends early and raises :class:`ServerLost`; Ctrl-C (cancellation) ends it as
-    ``interrupted``; either way its summary reaches the observer first. ``warn`` gets a line for input rows reused
-    without ``reuse_rows``.
+    run; ``rows`` is then empty. Records and level summaries go to ``observer`` as they exist (default: a
+    :class:`RunCollector`, whose records the result holds). A level the server does not live through ends early
+    and raises :class:`ServerLost`; Ctrl-C (cancellation) ends it as ``interrupted``; either way its summary
+    reaches the observer first. ``warn`` gets a line for input rows reused without ``reuse_rows``.
 
     With ``load.find`` the levels are searched for (:class:`~trtdeploy.perf.search.Search`): each is planned once
     the one before it has told whether it met ``slo``, and the summary's ``search`` says what was found.
@@ -590,7 +589,7 @@ async def run_levels(
         }
         observer.started(header)
         # connections a process needs: its share of the slots; 0 (no limit) in open loop
-        slots = math.ceil(load.most_concurrency / load.workers)
+        slots = math.ceil(load.peak_concurrency / load.workers)
         spec = WorkerSpec(endpoint.protocol, endpoint.url, model.name, load.timeout_s, stream, slots)
         driver: LocalDriver | WorkerPool
         driver = (

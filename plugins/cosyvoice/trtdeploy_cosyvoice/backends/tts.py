@@ -153,8 +153,8 @@ class TritonPythonModel:
                 raise RequestError(str(exc)) from None
             if wav.size < MIN_REFERENCE_SAMPLES:  # refused here: the two models that read it would each refuse it
                 raise RequestError(
-                    f"the reference audio is {wav.size} samples, too short for a speech token and a speaker "
-                    f"embedding: send at least {MIN_REFERENCE_SAMPLES} (a few seconds of speech make a good reference)"
+                    f"the reference audio is {wav.size} samples, too short for a speaker embedding: send at least "
+                    f"{MIN_REFERENCE_SAMPLES} (a few seconds of speech make a good reference)"
                 )
         if speaker_id is not None:
             try:

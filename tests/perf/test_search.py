@@ -98,3 +98,47 @@ def test_a_search_level_sends_at_least_16_requests_whatever_the_input():
 
     plan = LevelPlan(LoadSettings(find="max-concurrency"), rows=1000)
     assert [plan.level(value).num_requests for value in (1, 2, 8)] == [16, 16, 32]
+
+
+def test_a_failing_rate_search_halves_no_lower_than_a_level_that_sends_its_requests_in_a_minute():
+    load = LoadSettings(find="max-rate", request_rates=(4.0,))
+    assert load.lowest_search_rate == pytest.approx(16 / 60)  # 16 requests within 60 s
+    policy = Search("max-rate", 4.0, lowest_rate=load.lowest_search_rate)
+    while (value := policy.next_value()) is not None:
+        policy.record(value, False)
+    assert [value for value, _ in policy.tried] == [4.0, 2.0, 1.0, 0.5]  # 0.25/s would take 64 s
+    timed = LoadSettings(find="max-rate", request_rates=(4.0,), duration_s=30.0)
+    assert timed.lowest_search_rate == pytest.approx(16 / 30)
+
+
+def test_a_searched_level_has_at_least_as_many_requests_as_slots_whatever_num_requests():
+    from trtdeploy.perf.runner import LevelPlan
+
+    plan = LevelPlan(LoadSettings(find="max-concurrency", num_requests=8), rows=None)
+    assert [plan.level(value).num_requests for value in (1, 8, 64)] == [16, 32, 256]
+    fixed = LevelPlan(LoadSettings(concurrency=(1, 64), num_requests=8), rows=None)
+    assert [fixed.level(value).num_requests for value in (1, 64)] == [8, 8]  # outside a search it is the count
+
+
+def test_a_duration_that_expects_no_arrival_is_refused():
+    with pytest.raises(UsageError, match="expects no request at all"):
+        LoadSettings(request_rates=(0.1,), duration_s=5.0)
+    LoadSettings(request_rates=(0.1,), duration_s=20.0)  # two expected
+
+
+def test_after_a_search_only_the_found_level_is_held_to_the_error_rate():
+    from trtdeploy.errors import PerfError
+    from trtdeploy.perf.runner import PerfRun
+
+    def level(concurrency: int, errors: int) -> dict:
+        return {"concurrency": concurrency, "request_rate": None, "errors": errors, "requests": 16,
+                "error_rate": errors / 16, "error_messages": {"timed out": errors} if errors else {}}  # fmt: skip
+
+    levels = [level(1, 0), level(2, 0), level(4, 3), level(3, 0)]  # 4 is past capacity: timeouts are its verdict
+    PerfRun({"levels": levels, "search": {"found": 3, "level": 3}}).check_error_rate(0.0)
+    with pytest.raises(PerfError, match="3 of 16 requests failed at concurrency 4"):
+        PerfRun({"levels": levels}).check_error_rate(0.0)  # without a search every level counts
+    failing_found = [*levels[:3], level(3, 1)]
+    with pytest.raises(PerfError, match="1 of 16"):
+        PerfRun({"levels": failing_found, "search": {"found": 3, "level": 3}}).check_error_rate(0.0)
+    PerfRun({"levels": levels, "search": {"found": None, "level": None}}).check_error_rate(0.0)

@@ -409,24 +409,24 @@ def test_cli_plugin_workload_and_error_rate_exit(fake_server, fake_plugin, make_
 def test_cli_find_searches_levels_and_keeps_each_on_disk(fake_server, fake_plugin, make_deployment, tmp_path, capsys):
     """The offline fake answers one request at a time, each after sleeping 200 x 1 ms. At concurrency 1 a request
     takes 200 ms and some overhead; at 2, in closed loop, every request but the first waits for the other slot's
-    whole request before its own: at least 400 ms (sleeps only ever last longer). So e2e_ms<=300 holds at 1 (75%
-    of the requests within 100 ms of overhead are enough) and cannot hold at 2: the search runs 1, then 2, and
+    whole request before its own: at least 400 ms (sleeps only ever last longer). So e2e_ms<=380 holds at 1 (75%
+    of the requests within 180 ms of overhead are enough) and cannot hold at 2: the search runs 1, then 2, and
     finds 1."""
     from trtdeploy.cli.main import main
 
     out = tmp_path / "out"
     deployment = make_deployment(max_output_len=256)
     args = ["perf", str(deployment), "--url", fake_server.grpc_url, "--model", "text_llm", "--isl", "8"]
-    args += ["--osl", "200", "--find", "max-concurrency", "--slo", "e2e_ms<=300", "--attainment", "0.75"]
+    args += ["--osl", "200", "--find", "max-concurrency", "--slo", "e2e_ms<=380", "--attainment", "0.75"]
     with pytest.raises(SystemExit) as caught:
         main([*args, "--output-dir", str(out), "--no-plots"])
     captured = capsys.readouterr()
     assert caught.value.code == 0, captured.err
     printed = " ".join(captured.out.split())
-    assert "max concurrency meeting e2e_ms<=300 for 75% of requests: 1 (attainment" in printed
+    assert "max concurrency meeting e2e_ms<=380 for 75% of requests: 1 (attainment" in printed
     assert "2 missed it; 2 levels run)" in printed
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["find"] == "max-concurrency" and summary["slo"] == {"limits": {"e2e_ms": 300}, "attainment": 0.75}
+    assert summary["find"] == "max-concurrency" and summary["slo"] == {"limits": {"e2e_ms": 380}, "attainment": 0.75}
     assert summary["search"] == {
         "find": "max-concurrency",
         "start": 1,

@@ -104,6 +104,10 @@ def test_percentile_limits_take_the_nearest_rank_over_every_measured_request():
     # two failed requests count as above any limit: the 90th percentile is the 18th of 20 ranks, still a value
     with_failures = _level_of([*values[:18], None, None], "e2e_ms_p90<=18")
     assert with_failures["slo_percentiles"] == {"e2e_ms_p90": 18.0} and with_failures["attainment"] == 0.9
+    # percentile limits alone decide: the 90% attainment (below the default 95%) is not a hidden limit
+    assert with_failures["slo_met"] is True
+    median = _level_of([*[1.0] * 18, None, None], "e2e_ms_p50<=100")
+    assert median["attainment"] == 0.9 and median["slo_met"] is True
     # three reach rank 18: no value there, and the limit does not hold
     worse = _level_of([*values[:17], None, None, None], "e2e_ms_p90<=1000")
     assert worse["slo_percentiles"] == {"e2e_ms_p90": None} and worse["slo_met"] is False
@@ -113,3 +117,10 @@ def test_attainment_target_and_percentiles_together():
     values = [10.0] * 18 + [30.0, 40.0]
     assert _level_of(values, "e2e_ms<=35,e2e_ms_p90<=10")["slo_met"] is True  # 19/20 within 35; p90 is 10
     assert _level_of(values, "e2e_ms<=35,e2e_ms_p95<=10")["slo_met"] is False  # p95 is 30
+
+
+@pytest.mark.parametrize("percentile", [7, 14, 28, 50, 55, 56, 68, 90, 95, 99])
+def test_the_nearest_rank_is_exact_for_whole_percentiles(percentile):
+    # 1..100 ms: the p-th percentile of a hundred requests is the p-th value (a float product once gave p55 = 56)
+    level = _level_of([float(v) for v in range(1, 101)], f"e2e_ms_p{percentile}<=1000")
+    assert level["slo_percentiles"] == {f"e2e_ms_p{percentile}": float(percentile)}

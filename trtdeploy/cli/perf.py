@@ -78,7 +78,7 @@ def perf(
         typer.Option(
             help="Measured requests per level (default: max(4 x concurrency, or 10 s of a rate, and the input rows "
             "left after the warmups divided among the levels); synthetic inputs make a prompt of their own for "
-            "every request, at least 16 per level)."
+            "every request, at least 16 per level). With --find, the least a searched level sends."
         ),
     ] = None,
     duration: Annotated[

@@ -40,6 +40,8 @@ from .workload import InputRow, ModelInfo, RequestOptions, Workload
 DEFAULT_ISL = 128
 #: The fewest measured requests per level with synthetic inputs or in a search (4 x concurrency above that).
 SYNTHETIC_MIN = 16
+#: The longest a searched open-loop level without --duration should take to send its requests (see lowest_search_rate).
+SEARCH_LEVEL_S = 60.0
 #: Pause before a statistics snapshot: Triton counts a request when it releases it, just after its last response.
 STATS_SETTLE_S = 0.05
 #: While a level runs the server's liveness is probed every PROBE_INTERVAL_S (and right after requests fail), each
@@ -180,6 +182,13 @@ class LoadSettings:
                 "--duration and --num-requests are exclusive: a level runs for a time or for a count of requests",
                 hint="choose one",
             )
+        if self.duration_s is not None and self.open_loop:
+            slowest = min(self.request_rates)
+            if slowest * self.duration_s < 1:
+                raise UsageError(
+                    f"--duration {self.duration_s:g} s at --request-rate {slowest:g}/s expects no request at all",
+                    hint=f"run for at least {1 / slowest:g} s, or at a higher rate",
+                )
         if self.warmup is not None and self.warmup < 0:
             raise UsageError(f"--warmup must be >= 0, got {self.warmup}")
         if self.timeout_s <= 0:
@@ -202,6 +211,13 @@ class LoadSettings:
             flag = "--request-rate" if self.open_loop else "--concurrency"
             given = ",".join(f"{value:g}" for value in self.values)
             raise UsageError(f"--find starts from one {flag} value, got {given}", hint=f"pass {flag} START")
+
+    @property
+    def lowest_search_rate(self) -> float:
+        """The lowest rate ``--find max-rate`` halves to: one whose level still has SYNTHETIC_MIN arrivals within
+        ``duration_s`` (else within SEARCH_LEVEL_S): halving a failing start without this bound would end in
+        levels that take hours to send their requests."""
+        return SYNTHETIC_MIN / (self.duration_s or SEARCH_LEVEL_S)
 
     @property
     def values(self) -> tuple[float, ...]:
@@ -240,17 +256,19 @@ class LoadSettings:
     def count_of(self, value: float, share: int, index: int) -> int:
         """Measured requests of level ``index`` at ``value``: ``num_requests``; for a duration, the arrivals due
         within it (open loop); else the larger of its floor (4 x the concurrency, 10 s of arrivals) and ``share``
-        (in closed loop for a duration: the requests its slots cycle through)."""
+        (in closed loop for a duration: the requests its slots cycle through). A searched level takes the largest
+        of the floor, ``share`` and ``num_requests``: fewer requests than slots would not load it as its value says."""
         if self.open_loop and self.duration_s is not None:
             seed = arrival_seed(self.seed, index, warmup=False)
             return arrivals_within(self.duration_s, value, arrival=self.arrival, burstiness=self.burstiness, seed=seed)
         floor = math.ceil(10 * value) if self.open_loop else 4 * int(value)
+        if self.find:  # a level of a search loads the server as its value says, whatever --num-requests
+            return max(floor, share, self.num_requests or 0)
         return self.num_requests or max(floor, share)
 
     def levels(self, rows: int | None) -> list[Level]:
         """The levels asked for, over ``rows`` input rows (None: synthetic rows, as many as they take)."""
-        plan = LevelPlan(self, rows)
-        return [plan.level(value) for value in self.values]
+        return LevelPlan(self, rows).levels()
 
 
 class LevelPlan:
@@ -274,6 +292,10 @@ class LevelPlan:
         taken = tuple(self._cursor + j for j in range(count))
         self._cursor += count
         return taken if self.rows is None else tuple(row % self.rows for row in taken)
+
+    def levels(self) -> list[Level]:
+        """Every level the load asks for, planned now (a run without a search knows them all)."""
+        return [self.level(value) for value in self.load.values]
 
     def level(self, value: float) -> Level:
         """The next level of the run, at ``value`` (a concurrency, or a request rate in open loop)."""
@@ -420,8 +442,14 @@ class PerfRun:
     output_dir: Path | None = None
 
     def check_error_rate(self, max_error_rate: float) -> None:
-        """Raise PerfError if any level's error rate exceeds ``max_error_rate``."""
-        for level in self.summary["levels"]:
+        """Raise PerfError if a level's error rate exceeds ``max_error_rate``: any level's, or after ``--find`` the
+        found level's only (the search runs levels past capacity on purpose, and their failed requests count as
+        missing the SLO)."""
+        levels = self.summary["levels"]
+        search = self.summary.get("search")
+        if search is not None:
+            levels = [] if search["found"] is None else [levels[search["level"]]]
+        for level in levels:
             if level["error_rate"] > max_error_rate:
                 where = level_label(level["concurrency"], level["request_rate"])
                 first = next(iter(level["error_messages"]), "")
@@ -560,8 +588,8 @@ async def run_levels(
         workload.validate(model, options)
         requests = [workload.make_request(row, options, model) for row in rows]
         plan = LevelPlan(load, None if make_rows is not None else len(rows))
-        search = Search(load.find, load.values[0]) if load.find is not None else None
-        levels = [plan.level(value) for value in load.values] if search is None else []
+        search = Search(load.find, load.values[0], lowest_rate=load.lowest_search_rate) if load.find else None
+        levels = plan.levels() if search is None else []
         reused = sum(level.reused_rows for level in levels)
         if reused and not load.reuse_rows and warn is not None:
             sent = sum(level.warmup + level.num_requests for level in levels)

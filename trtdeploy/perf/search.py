@@ -32,18 +32,17 @@ class Search:
     """Doubling, then bisection, over levels whose verdicts come one at a time.
 
     From ``start``, while levels meet the SLO the value doubles (up to ``start`` x 2**MAX_STEPS, the ceiling); if
-    the start fails, it halves instead (down to 1 for a concurrency, ``start`` / 2**MAX_STEPS for a rate) until a
-    level meets it. Then it bisects between the highest value that met the SLO and the lowest above it that did
-    not, until they are neighbours (concurrency) or within RATE_PRECISION (rates). The answer is the highest value
-    that met the SLO; every value tried above it failed.
-    """
+    the start fails, it halves instead (down to 1 for a concurrency; for a rate to ``start`` / 2**MAX_STEPS or
+    ``lowest_rate``, whichever is higher) until a level meets it. Then it bisects between the highest value that met
+    the SLO and the lowest above it that did not, until they are neighbours (concurrency) or within RATE_PRECISION
+    (rates). The answer is the highest value that met the SLO; every value tried above it failed."""
 
-    def __init__(self, find: str, start: float) -> None:
+    def __init__(self, find: str, start: float, *, lowest_rate: float = 0.0) -> None:
         self.find = find
         self.integer = find == "max-concurrency"
         self.start = start
         self.ceiling = start * 2**MAX_STEPS
-        self.floor = 1 if self.integer else start / 2**MAX_STEPS
+        self.floor = 1 if self.integer else max(start / 2**MAX_STEPS, lowest_rate)
         #: Every value tried, in order, and whether its level met the SLO.
         self.tried: list[tuple[float, bool]] = []
         #: The highest value that met the SLO, and the lowest above it that did not.

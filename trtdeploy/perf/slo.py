@@ -3,7 +3,7 @@
 A limit without a percentile suffix bounds every request: the share of a level's measured requests that meet all
 such limits is its attainment (and those requests per second its goodput). A limit with one (``rtf_p95<=1``)
 bounds the level: at least that percentage of its measured requests must be within it. A level meets the SLO when
-its attainment reaches the target share and every percentile limit holds.
+its attainment reaches the target share (when it has per-request limits) and every percentile limit holds.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ SLO_METRICS = {
 KNOWN_METRICS = tuple(sorted({metric for modes in SLO_METRICS.values() for mode in modes for metric in mode}))
 #: The share of a level's requests that must meet every per-request limit, unless --attainment says otherwise.
 DEFAULT_ATTAINMENT = 0.95
-EXAMPLE = "e.g. --slo ttft_ms<=500,itl_ms_p90<=50"
+EXAMPLE = "e.g. --slo 'ttft_ms<=500,itl_ms_p90<=50' (quoted: a shell reads < as a redirection)"
 
 _PERCENTILE = re.compile(r"(?P<metric>.+)_p(?P<percentile>\d+(?:\.\d+)?)")
 
@@ -191,7 +191,8 @@ class SloTally:
         reach that rank."""
         assert limit.percentile is not None
         values = sorted(self.values[limit.key])
-        rank = max(1, math.ceil(limit.percentile / 100 * self.requests))
+        # integer arithmetic: a float product can land just above a whole rank (55 / 100 * 100 = 55.000000000000007)
+        rank = max(1, -(-round(limit.percentile * 1000) * self.requests // 100_000))
         return values[rank - 1] if rank <= len(values) else None
 
     def summary(self) -> dict[str, Any]:
@@ -202,8 +203,10 @@ class SloTally:
             value is not None and value <= limit.bound
             for limit, value in zip(self.slo.percentiles, percentiles.values(), strict=True)
         )
+        # without per-request limits the percentile limits alone decide (failed requests already count as over)
+        attained = attainment is not None and (not self.slo.per_request or attainment >= self.slo.attainment)
         return {
             "attainment": attainment,
             "slo_percentiles": percentiles or None,
-            "slo_met": attainment is not None and attainment >= self.slo.attainment and held,
+            "slo_met": attained and held,
         }

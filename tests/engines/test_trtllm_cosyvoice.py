@@ -80,8 +80,23 @@ OFFICIAL_KV_POOL = {
 }
 #: The non-tensorrtllm models of a streaming deployment (these the bundled server loads without TensorRT-LLM).
 LOADABLE = {
-    "cosyvoice2": ["audio_tokenizer", "cosyvoice2", "cosyvoice2_offline", "speaker_embedding", "token2wav"],
-    "cosyvoice3": ["audio_tokenizer", "cosyvoice3", "cosyvoice3_offline", "speaker_embedding", "token2wav", "vocoder"],
+    "cosyvoice2": [
+        "audio_tokenizer",
+        "cosyvoice2",
+        "cosyvoice2_offline",
+        "reference_voice",
+        "speaker_embedding",
+        "token2wav",
+    ],
+    "cosyvoice3": [
+        "audio_tokenizer",
+        "cosyvoice3",
+        "cosyvoice3_offline",
+        "reference_voice",
+        "speaker_embedding",
+        "token2wav",
+        "vocoder",
+    ],
 }
 
 

@@ -13,14 +13,15 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .deployment import Deployment, find_latest
 from .errors import Interrupted, ServerError, TrtDeployError, UsageError
+from .fsutil import prepare_output_dir, remove_empty
 from .perf.asr import WHISPER_MODEL, AsrSettings, check_whisper, score_reports
 from .perf.control import check_url
 from .perf.loadgen import level_label
-from .perf.report import ReportWriter, warn_on_stderr
+from .perf.report import ReportWriter, default_output_dir, warn_on_stderr
 from .perf.runner import (
     DEFAULT_ISL,
     Endpoint,
@@ -135,44 +136,6 @@ def resolve_workload(deployment: Deployment, model: str | None) -> Workload:
     return workload.retarget(model) if model is not None and model != workload.model_name else workload
 
 
-def default_output_dir(model: str) -> Path:
-    return Path("perf-results") / f"{model}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-
-
-def prepare_output_dir(path: Path) -> list[Path]:
-    """Create the reports folder ``path`` and check that files can be written there, or raise UsageError.
-
-    Returns the folders created (the deepest first), to remove again if the run fails before writing anything.
-    """
-    import tempfile
-
-    created = []
-    for folder in (path, *path.parents):
-        if folder.exists() or folder.is_symlink():
-            break
-        created.append(folder)
-    hint = "pass --output-dir DIR, a folder you can write to"
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"cannot write reports to {path}: it is a file, not a folder", hint=hint)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as exc:
-        remove_empty(created)
-        raise UsageError(f"cannot write reports to {path}: {exc.strerror or exc}", hint=hint) from None
-    return created
-
-
-def remove_empty(folders: list[Path]) -> None:
-    """Remove each of ``folders`` (in order) that is empty."""
-    for folder in folders:
-        try:
-            folder.rmdir()
-        except OSError:
-            return
-
-
 def apply_limits(settings: PerfSettings, deployment: Deployment, workload: Workload) -> PerfSettings:
     """``settings`` with the default lengths fitted to the deployment's limits (``max_input_len``,
     ``max_output_len`` of its build), after refusing explicit lengths beyond them.
@@ -229,6 +192,17 @@ def resolve_target(settings: PerfSettings, warn: Callable[[str], None]) -> tuple
         return endpoint, deployment
     endpoint, served = resolve_endpoint(settings.url, settings.protocol, settings.metrics_url)
     return endpoint, Deployment.load(served) if served is not None else find_latest()
+
+
+#: The build point's fields a summary records (under ``build``): what tells one run's deployment from another's.
+BUILD_FIELDS = ("model", "engine", "precision", "gpu", "max_batch_size", "tp", "pp", "mode", "engine_version")
+
+
+def build_of(deployment: Deployment) -> dict[str, Any]:
+    """The ``build`` of a run's summary: the deployment's point name and BUILD_FIELDS, so that the run can be told
+    apart (``trtdeploy report`` labels runs by them) without the deployment folder."""
+    point = deployment.point
+    return {"point": point.name, **{name: getattr(point, name) for name in BUILD_FIELDS}}
 
 
 def _asr_headers(url: str) -> dict[str, str]:
@@ -332,6 +306,7 @@ def benchmark(
     writer.header = {
         "started_at": datetime.now().astimezone().isoformat(timespec="seconds"),
         "deployment": str(deployment.path),
+        "build": build_of(deployment),
         "input": settings.inputs.describe(workload.family),
     }
     try:

@@ -1,4 +1,5 @@
-"""Files and folders written all at once: filled under a temporary name next to their place, then renamed into it."""
+"""Files and folders written all at once (filled under a temporary name next to their place, then renamed into it),
+and the folders that reports are written to."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import TrtDeployError
+from .errors import TrtDeployError, UsageError
 
 
 def cache_dir() -> Path:
@@ -68,3 +69,35 @@ def atomic_write_text(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def prepare_output_dir(path: Path) -> list[Path]:
+    """Create the reports folder ``path`` and check that files can be written there, or raise UsageError.
+
+    Returns the folders created (the deepest first), to remove again if the run fails before writing anything.
+    """
+    created = []
+    for folder in (path, *path.parents):
+        if folder.exists() or folder.is_symlink():
+            break
+        created.append(folder)
+    hint = "pass --output-dir DIR, a folder you can write to"
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"cannot write reports to {path}: it is a file, not a folder", hint=hint)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        remove_empty(created)
+        raise UsageError(f"cannot write reports to {path}: {exc.strerror or exc}", hint=hint) from None
+    return created
+
+
+def remove_empty(folders: list[Path]) -> None:
+    """Remove each of ``folders`` (in order) that is empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return

@@ -48,6 +48,8 @@ DEFINITIONS = {
     "and level, its index among the levels (run in the search's order); lowest_failed, the lowest value above it "
     "whose level did not; ceiling_reached: every level met it up to start x 1024, where the search stopped; "
     "levels_run",
+    "build": "the deployment the run loaded: its folder's point name, model plugin, engine, precision, GPU profile "
+    "it was built for, max batch size, TP, PP, mode and engine version",
     "token_source": "server: counted from returned token ids; retokenized: the output text re-encoded with the "
     "model's tokenizer",
     "accuracy.exact_match": "share of the successful requests with a reference output whose output equals it "

@@ -11,6 +11,7 @@ import sys
 import time
 import wave
 from collections.abc import Callable, Iterable
+from datetime import datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -69,7 +70,7 @@ class LiveProgress:
         self._progress.refresh()
 
 
-def _num(value: Any) -> str:
+def format_number(value: Any) -> str:
     """A compact number: 3 significant digits up to 100, thousands separators beyond."""
     if value is None:
         return "-"
@@ -78,11 +79,11 @@ def _num(value: Any) -> str:
     return f"{value:.2f}" if abs(value) < 10 else f"{value:.1f}"
 
 
-def _percent(value: float | None) -> str:
+def format_percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
 
-_NAMES = {
+METRIC_NAMES = {
     "first_chunk_ms": "1st chunk",
     "first_partial_ms": "1st partial",
     "ttft_ms": "TTFT",
@@ -97,16 +98,16 @@ _LATENCIES = {
 }
 
 
-def _stat(summary: dict[str, Any], metric: str, key: str) -> Any:
+def stat_of(summary: dict[str, Any], metric: str, key: str) -> Any:
     stats = summary.get(metric)
     return stats[key] if stats else None
 
 
-def _x_label(level: dict[str, Any]) -> str:
+def level_text(level: dict[str, Any]) -> str:
     return str(level["concurrency"]) if level["request_rate"] is None else f"{level['request_rate']:g}/s"
 
 
-def _by_value(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def by_value(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The levels by concurrency or request rate (a search runs them in another order)."""
     return sorted(
         levels, key=lambda level: level["concurrency"] if level["request_rate"] is None else level["request_rate"]
@@ -119,12 +120,17 @@ def _has_scores(level: dict[str, Any]) -> bool:
     return bool(scores) and scores.get("scored", 1) > 0
 
 
+def _pair(level: dict[str, Any], metric: str, first: str, second: str) -> str:
+    """``p50/p99`` of a metric as the table shows it."""
+    return f"{format_number(stat_of(level, metric, first))}/{format_number(stat_of(level, metric, second))}"
+
+
 def results_table(summary: dict[str, Any]) -> Table:
     """The console table of a run: one row per level, by concurrency or rate; latencies as p50/p99 in ms."""
     from rich import box
     from rich.table import Table
 
-    levels = _by_value(summary["levels"])
+    levels = by_value(summary["levels"])
     found = (summary.get("search") or {}).get("level")
     open_loop = any(level["request_rate"] is not None for level in levels)
     family = summary["family"]
@@ -137,7 +143,7 @@ def results_table(summary: dict[str, Any]) -> Table:
         columns.append("audio s/s")
     if family == "tts":
         columns.append("chars/s")
-    columns += [f"{_NAMES[metric]} p50/p99" for metric in metrics]
+    columns += [f"{METRIC_NAMES[metric]} p50/p99" for metric in metrics]
     if summary["stream"]:
         columns.append("ICL p99/max")  # a stalled stream shows here even when ITL averages it away
     columns.append("goodput")
@@ -155,24 +161,24 @@ def results_table(summary: dict[str, Any]) -> Table:
         table.add_column(name, justify="right")
     for level in levels:
         ended_early = level.get("status", "complete") != "complete"
-        label = _x_label(level) + ("*" if ended_early else "")
-        row = [label, str(level["requests"]), str(level["errors"]), _num(level["request_throughput"])]
-        row.append(_num(level["rtf_aggregate"] if audio else level["output_token_throughput"]))
+        label = level_text(level) + ("*" if ended_early else "")
+        row = [label, str(level["requests"]), str(level["errors"]), format_number(level["request_throughput"])]
+        row.append(format_number(level["rtf_aggregate"] if audio else level["output_token_throughput"]))
         if family == "asr":
-            row.append(_num(level["audio_seconds_per_second"]))
+            row.append(format_number(level["audio_seconds_per_second"]))
         if family == "tts":
-            row.append(_num(level.get("characters_per_second")))
-        row += [f"{_num(_stat(level, m, 'p50'))}/{_num(_stat(level, m, 'p99'))}" for m in metrics]
+            row.append(format_number(level.get("characters_per_second")))
+        row += [_pair(level, metric, "p50", "p99") for metric in metrics]
         if summary["stream"]:
-            row.append(f"{_num(_stat(level, 'icl_ms', 'p99'))}/{_num(_stat(level, 'icl_ms', 'max'))}")
+            row.append(_pair(level, "icl_ms", "p99", "max"))
         if audio:
-            row.append(_num(_stat(level, "e2e_ms", "mean")))
-        row.append(_num(level["goodput"]))
+            row.append(format_number(stat_of(level, "e2e_ms", "mean")))
+        row.append(format_number(level["goodput"]))
         if slo is not None:
-            row.append(f"{_percent(level['attainment'])} {'✓' if level['slo_met'] else '✗'}")
+            row.append(f"{format_percent(level['attainment'])} {'✓' if level['slo_met'] else '✗'}")
         if scored:
             scores = level.get("asr") or {}
-            row += [_percent(scores.get(f"wer_{rate}")), _percent(scores.get(f"cer_{rate}"))]
+            row += [format_percent(scores.get(f"wer_{rate}")), format_percent(scores.get(f"cer_{rate}"))]
         table.add_row(*row, style="red" if level["errors"] else "bold" if level["level"] == found else None)
     notes = ["latencies in ms"]
     early = sorted({level["status"] for level in levels if level.get("status", "complete") != "complete"})
@@ -212,8 +218,8 @@ def search_result(summary: dict[str, Any]) -> str | None:
         return f"{what} meeting {slo}: none (down to {search['lowest_failed']:g}{unit}, no level met it; {runs})"
     level = summary["levels"][search["level"]]
     line = (
-        f"{what} meeting {slo}: {search['found']:g}{unit} (attainment {_percent(level['attainment'])}, "
-        f"{_num(level['request_throughput'])} req/s"
+        f"{what} meeting {slo}: {search['found']:g}{unit} (attainment {format_percent(level['attainment'])}, "
+        f"{format_number(level['request_throughput'])} req/s"
     )
     if search["lowest_failed"] is not None:
         return f"{line}; {search['lowest_failed']:g}{unit} missed it; {runs})"
@@ -221,8 +227,12 @@ def search_result(summary: dict[str, Any]) -> str | None:
 
 
 def print_table(console: Console, summary: dict[str, Any]) -> None:
-    """Print the results table: fitted to a terminal, at its natural width into a file or pipe."""
-    table = results_table(summary)
+    """Print the results table of a run."""
+    print_wide(console, results_table(summary))
+
+
+def print_wide(console: Console, table: Table) -> None:
+    """Print ``table``: fitted to a terminal, at its natural width into a file or pipe."""
     if console.is_terminal:
         console.print(table)
         return
@@ -250,6 +260,11 @@ def _flatten(level: dict[str, Any]) -> dict[str, Any]:
         for key, value in stats.items():
             row[f"server_{model}_{key}"] = value
     return row
+
+
+def default_output_dir(name: str) -> Path:
+    """``perf-results/<name>-<time>``: where a run or a report goes unless told."""
+    return Path("perf-results") / f"{name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
 def write_csv(path: Path, rows: Iterable[dict[str, Any]]) -> None:
@@ -337,7 +352,25 @@ def read_wav(path: Path) -> tuple[Any, int]:
     return np.frombuffer(frames, dtype="<i2").astype(np.float32) / 32767.0, rate
 
 
-def _level_axis(axis: Any, xs: list[float], open_loop: bool) -> None:
+def pyplot() -> Any:
+    """matplotlib's pyplot drawing into files only (the Agg backend; no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(figure: Any, path: Path) -> Path:
+    """Write ``figure`` to ``path`` as a PNG and free it."""
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    pyplot().close(figure)
+    return path
+
+
+def level_axis(axis: Any, xs: list[float], open_loop: bool) -> None:
     """Ticks at the levels; concurrency on a log2 scale (levels usually double)."""
     if not open_loop and len(xs) > 1:
         axis.set_xscale("log", base=2)
@@ -347,12 +380,8 @@ def _level_axis(axis: Any, xs: list[float], open_loop: bool) -> None:
 
 def write_plots(summary: dict[str, Any], output_dir: Path) -> list[Path]:
     """Latency (p50 and p99) and throughput against the level's concurrency or request rate."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    levels = _by_value(summary["levels"])
+    plt = pyplot()
+    levels = by_value(summary["levels"])
     open_loop = any(level["request_rate"] is not None for level in levels)
     xs = [level["request_rate"] if open_loop else level["concurrency"] for level in levels]
     x_label = "request rate (req/s)" if open_loop else "concurrency"
@@ -361,16 +390,14 @@ def write_plots(summary: dict[str, Any], output_dir: Path) -> list[Path]:
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for metric in metrics:
         for stat, style in (("p50", "-o"), ("p99", "--o")):
-            ys = [_stat(level, metric, stat) for level in levels]
+            ys = [stat_of(level, metric, stat) for level in levels]
             if any(y is not None for y in ys):
-                axis.plot(xs, [float("nan") if y is None else y for y in ys], style, label=f"{_NAMES[metric]} {stat}")
+                ys = [float("nan") if y is None else y for y in ys]
+                axis.plot(xs, ys, style, label=f"{METRIC_NAMES[metric]} {stat}")
     axis.set(xlabel=x_label, ylabel="latency (ms)", title=f"{summary['model']}: latency")
-    _level_axis(axis, xs, open_loop)
+    level_axis(axis, xs, open_loop)
     axis.legend()
-    latency = output_dir / LATENCY_PNG
-    figure.tight_layout()
-    figure.savefig(latency, dpi=100)
-    plt.close(figure)
+    latency = save_figure(figure, output_dir / LATENCY_PNG)
 
     figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4.5))
     left.plot(xs, [level["request_throughput"] or 0 for level in levels], "-o", label="requests/s")
@@ -387,12 +414,8 @@ def write_plots(summary: dict[str, Any], output_dir: Path) -> list[Path]:
         right.set(xlabel=x_label, ylabel="tokens/s", title="token throughput")
         right.legend()
     for axis in (left, right):
-        _level_axis(axis, xs, open_loop)
-    throughput = output_dir / THROUGHPUT_PNG
-    figure.tight_layout()
-    figure.savefig(throughput, dpi=100)
-    plt.close(figure)
-    return [latency, throughput]
+        level_axis(axis, xs, open_loop)
+    return [latency, save_figure(figure, output_dir / THROUGHPUT_PNG)]
 
 
 def warn_on_stderr(message: str) -> None:
@@ -404,6 +427,21 @@ def warn_on_stderr(message: str) -> None:
 def _one_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def draw_plots(draw: Callable[[], list[Path]], warn: Callable[[str], None]) -> list[Path]:
+    """The plot files that ``draw`` writes. The plots come after the other reports, and a failure there (matplotlib
+    missing, a plotting error) costs only the plots: it is passed to ``warn`` as one line."""
+    try:
+        return draw()
+    except ImportError as exc:
+        warn(
+            f"plots skipped: matplotlib cannot be imported ({_one_line(exc)}); "
+            "install it with `pip install 'trtdeploy[perf]'`, or pass --no-plots"
+        )
+    except Exception as exc:
+        warn(f"plots skipped: {_one_line(exc)} (the other reports are written)")
+    return []
 
 
 class ReportWriter:
@@ -484,24 +522,13 @@ class ReportWriter:
             self.requests_path.unlink(missing_ok=True)
 
     def finish(self, status: str = "complete") -> list[Path]:
-        """Close requests.jsonl, write the summary files with ``status`` and (asked and possible) the plots.
-
-        The plots come last, and a failure there (matplotlib missing, a plotting error) costs only the plots: it is
-        passed to ``warn`` as one line, and the other reports stay.
-        """
+        """Close requests.jsonl, write the summary files with ``status`` and (asked and possible) the plots
+        (:func:`draw_plots`)."""
         if self._requests is not None:
             self._requests.close()
             self._requests = None
         written = [*self.write_summary(status), self.requests_path]
         written += sorted(self.output_dir.glob(f"{AUDIO_DIR}/*/*.wav"))
         if self.plots and self.levels:
-            try:
-                written += write_plots(self.summary(status), self.output_dir)
-            except ImportError as exc:
-                self.warn(
-                    f"plots skipped: matplotlib cannot be imported ({_one_line(exc)}); "
-                    "install it with `pip install 'trtdeploy[perf]'`, or pass --no-plots"
-                )
-            except Exception as exc:
-                self.warn(f"plots skipped: {_one_line(exc)} (the other reports are written)")
+            written += draw_plots(lambda: write_plots(self.summary(status), self.output_dir), self.warn)
         return written

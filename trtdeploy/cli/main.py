@@ -23,6 +23,7 @@ COMMANDS = (
     ("serve", "serve"),
     ("stop", "stop"),
     ("perf", "perf"),
+    ("report", "report"),
     ("quickstart", "quickstart"),
 )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -191,6 +192,13 @@ def test_labels_override_and_must_match_the_runs(llm_runs, tmp_path, capsys):
 
     code, _, stderr = report(capsys, runs[0], runs[0] + "/")
     assert code == ExitCode.USAGE and f"{llm_runs['bs8']} is given twice" in stderr
+
+    copies = [tmp_path / "monday" / "run", tmp_path / "tuesday" / "run"]  # the same build measured twice
+    for copy in copies:
+        shutil.copytree(llm_runs["bs8"], copy)
+    code, stdout, stderr = report(capsys, *map(str, copies), "--json", "--output-dir", str(tmp_path / "b"))
+    assert code == 0, stderr
+    assert [run["label"] for run in json.loads(stdout)["runs"]] == [f"qwen_llm torch bf16 H100 ({c})" for c in copies]
 
 
 @pytest.mark.server

@@ -186,7 +186,7 @@ def _missing_keys(summary: Any) -> list[str]:
     missing = [key for key in SUMMARY_KEYS if key not in summary]
     if missing:
         return missing
-    family = FAMILIES.get(summary["family"])
+    family = FAMILIES.get(summary["family"]) if isinstance(summary["family"], str) else None
     if family is None or not isinstance(summary["levels"], list):
         return [f"known family (got {summary['family']!r})" if family is None else "list of levels"]
     for index, level in enumerate(summary["levels"]):

@@ -195,7 +195,10 @@ def resolve_target(settings: PerfSettings, warn: Callable[[str], None]) -> tuple
 
 
 #: The build point's fields a summary records (under ``build``): what tells one run's deployment from another's.
-BUILD_FIELDS = ("model", "engine", "precision", "gpu", "max_batch_size", "tp", "pp", "mode", "engine_version")
+BUILD_FIELDS = (
+    *("model", "engine", "precision", "gpu", "max_batch_size", "tp", "pp", "replicas", "mode", "engine_version"),
+    "gpus_needed",
+)
 
 
 def build_of(deployment: Deployment) -> dict[str, Any]:

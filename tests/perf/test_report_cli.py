@@ -268,15 +268,22 @@ def _older(run: Path) -> None:
     (run / "summary.json").write_text(json.dumps(summary))
 
 
+def _damaged_slo(run: Path) -> None:
+    summary = summary_of(run)
+    summary["slo"] = {"limit": {}}
+    (run / "summary.json").write_text(json.dumps(summary))
+
+
 @pytest.mark.parametrize(
     ("make", "code", "message"),
     [
         (lambda run: run.rename(run.with_name("gone")), ExitCode.NOT_FOUND, "run folder {run} does not exist"),
+        (_damaged_slo, ExitCode.USAGE, "{run}/summary.json has an unreadable slo"),
         (lambda run: (run / "summary.json").unlink(), ExitCode.NOT_FOUND, "{run} is not a perf run: it has no summary"),
         (lambda run: (run / "summary.json").write_text("{"), ExitCode.USAGE, "{run}/summary.json is unreadable"),
         (_older, ExitCode.USAGE, "{run}/summary.json is not a perf summary this version reads: it has no status"),
     ],
-    ids=["missing", "no-summary", "unreadable", "older"],
+    ids=["missing", "damaged-slo", "no-summary", "unreadable", "older"],
 )
 def test_a_folder_that_is_not_a_run_is_named(tmp_path, capsys, make, code, message):
     good, run = tts_run(tmp_path / "good"), tts_run(tmp_path / "bad")
@@ -286,6 +293,15 @@ def test_a_folder_that_is_not_a_run_is_named(tmp_path, capsys, make, code, messa
     assert exit_code == code, stderr
     assert stderr.startswith(f"Error: {message.format(run=run)}") and stderr.count("Error:") == 1
     assert "Hint:" in stderr and stdout == "" and not out.exists()
+
+
+def test_a_run_folder_is_refused_as_the_output_folder(tmp_path, capsys):
+    run = tts_run(tmp_path / "run")
+    before = sorted(path.name for path in run.iterdir())
+    code, stdout, stderr = report(capsys, str(run), "--output-dir", str(run))
+    assert code == ExitCode.USAGE and stdout == ""
+    assert f"Error: --output-dir {run} is one of the runs" in stderr
+    assert sorted(path.name for path in run.iterdir()) == before
 
 
 def test_a_report_folder_is_told_apart_from_a_run(tmp_path, capsys):

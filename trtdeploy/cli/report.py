@@ -15,8 +15,8 @@ def report(
     run_dirs: Annotated[
         list[Path],
         typer.Argument(
-            help="Run folders written by `trtdeploy perf` (or a sweep's per-point run folders), each holding a "
-            "summary.json; all of one workload family (LLM, TTS or ASR).",
+            help="Run folders written by `trtdeploy perf`, each holding a summary.json; all of one workload family "
+            "(LLM, TTS or ASR).",
             show_default=False,
         ),
     ],
@@ -37,14 +37,24 @@ def report(
 ) -> None:
     """Compare perf runs: one row per run and level (throughput, latency percentiles, SLO attainment), plots with
     one line per run, written as report.csv, report.md, report.json and PNGs."""
-    from ..fsutil import prepare_output_dir
+    from ..errors import UsageError
+    from ..fsutil import prepare_output_dir, remove_empty
     from ..perf.compare import compare, comparison_table, write_report
     from ..perf.report import default_output_dir, print_wide
 
     comparison = compare(run_dirs, label)
     folder = output_dir or default_output_dir("report")
-    prepare_output_dir(folder)
-    written = write_report(comparison, folder, plots=plots, warn=warn)
+    if any(folder.resolve() == run.path.resolve() for run in comparison.runs):
+        raise UsageError(
+            f"--output-dir {folder} is one of the runs: the report's plots would replace the run's own",
+            hint="pass another folder, e.g. --output-dir compare/",
+        )
+    created = prepare_output_dir(folder)
+    try:
+        written = write_report(comparison, folder, plots=plots, warn=warn)
+    except BaseException:
+        remove_empty(created)  # a folder made for this report goes again if nothing was written into it
+        raise
     if json:
         emit_json({**comparison.to_dict(), "output_dir": str(folder), "files": [str(path) for path in written]})
         return

@@ -1,9 +1,8 @@
 """Perf runs side by side (``trtdeploy report``): each run folder's summary.json read and checked, one row per run
 and level, the table as CSV and markdown, and plots with one line per run.
 
-A run is any folder holding the summary.json that a :class:`~trtdeploy.perf.report.ReportWriter` wrote, so a sweep's
-per-point run folders are read the same way as ``trtdeploy perf``'s. The runs of one report are of one workload
-family (LLM, TTS or ASR): their metrics differ, and mixing them is refused.
+A run is any folder holding the summary.json that a :class:`~trtdeploy.perf.report.ReportWriter` wrote. The runs of
+one report are of one workload family (LLM, TTS or ASR): their metrics differ, and mixing them is refused.
 """
 
 from __future__ import annotations
@@ -176,7 +175,12 @@ def read_run(path: Path) -> Run:
         )
     if not summary["levels"]:
         raise UsageError(f"{summary_path} has no measured level", hint="pass runs that measured at least one level")
-    return Run(path, summary)
+    run = Run(path, summary)
+    try:
+        run.slo  # noqa: B018 -- read now: a damaged one is named here, before any report file is written
+    except (KeyError, TypeError, UsageError) as exc:
+        raise UsageError(f"{summary_path} has an unreadable slo ({exc})", hint=hint) from None
+    return run
 
 
 def _missing_keys(summary: Any) -> list[str]:
@@ -203,14 +207,19 @@ def _label_parts(run: Run) -> tuple[str, list[str]]:
     if not build:
         return run.path.name, []
     base = " ".join(str(build[key]) for key in ("model", "engine", "precision", "gpu") if build.get(key))
-    others = [f"bs{build.get('max_batch_size')}", f"tp{build.get('tp')}pp{build.get('pp')}", build.get("mode")]
-    return base or run.path.name, [str(part or "") for part in (*others, build.get("engine_version"))]
+
+    def part(prefix: str, key: str) -> str:
+        return "" if build.get(key) is None else f"{prefix}{build[key]}"
+
+    others = [part("bs", "max_batch_size"), part("tp", "tp") + part("pp", "pp"), part("x", "replicas")]
+    others += [part("", "mode"), part("", "engine_version")]
+    return base or run.path.name, others
 
 
 def default_labels(runs: Sequence[Run]) -> list[str]:
     """A label per run: the model, engine, precision and GPU profile of its ``build``, else its folder's name. Runs
-    with the same label get the parts of their builds that tell them apart (max batch size, TP/PP, mode, engine
-    version), then the run folders as given."""
+    with the same label get the parts of their builds that tell them apart (max batch size, TP/PP, replicas, mode,
+    engine version, then the build point's name), then the run folders as given."""
     bases, others = zip(*(_label_parts(run) for run in runs), strict=True)
     labels = list(bases)
     for base, count in Counter(bases).items():
@@ -222,6 +231,13 @@ def default_labels(runs: Sequence[Run]) -> list[str]:
             if len(set(values)) > 1:
                 for index, value in zip(same, values, strict=True):
                     labels[index] += f" {value}" if value else ""
+    for label, count in Counter(labels).items():
+        same = [index for index, each in enumerate(labels) if each == label]
+        points = [str((runs[index].summary.get("build") or {}).get("point") or "") for index in same]
+        # builds apart in a part not shown above (KV-cache dtype, calibration, ...): their point names tell them
+        if count > 1 and len(set(points)) == count:
+            for index, point in zip(same, points, strict=True):
+                labels[index] = f"{label} {point}"
     for label, count in Counter(labels).items():
         if count > 1:
             for index in [index for index, each in enumerate(labels) if each == label]:
@@ -374,12 +390,22 @@ def markdown(comparison: Comparison) -> str:
     return "\n".join([*table, "", *listed]) + "\n"
 
 
+def _run_colors(count: int) -> list[Any]:
+    """A colour per run, all different: matplotlib's ten-colour cycle, or evenly spaced hues past ten runs."""
+    if count <= 10:
+        return [f"C{index}" for index in range(count)]
+    from matplotlib import colormaps
+
+    return [colormaps["turbo"](index / (count - 1)) for index in range(count)]
+
+
 def write_plots(comparison: Comparison, output_dir: Path) -> list[Path]:
     """Overlaid plots, one line (one colour) per run: throughput against concurrency or request rate (a panel for
     each that the runs use), and each latency's two percentiles (solid, dashed) against throughput."""
     plt = pyplot()
     family = FAMILIES[comparison.family]
     runs = [(index, by_value(run.summary["levels"])) for index, run in enumerate(comparison.runs)]
+    colors = _run_colors(len(comparison.runs))
     kinds = sorted({run.open_loop for run in comparison.runs})
     figure, axes = plt.subplots(1, len(kinds), figsize=(7.5 * len(kinds), 4.8), squeeze=False)
     for axis, open_loop in zip(axes[0], kinds, strict=True):
@@ -389,7 +415,7 @@ def write_plots(comparison: Comparison, output_dir: Path) -> list[Path]:
                 continue
             values = [level["request_rate"] if open_loop else level["concurrency"] for level in levels]
             ys = [_nan(family.throughput.value(level)) for level in levels]
-            axis.plot(values, ys, "-o", color=f"C{index}", label=comparison.shown_label(index))
+            axis.plot(values, ys, "-o", color=colors[index], label=comparison.shown_label(index))
             xs.update(values)
         x_label = "request rate (req/s)" if open_loop else "concurrency"
         axis.set(xlabel=x_label, ylabel=family.throughput_label, title=f"throughput against {x_label.split(' (')[0]}")
@@ -412,7 +438,7 @@ def write_plots(comparison: Comparison, output_dir: Path) -> list[Path]:
             for stat, style in ((solid, "-o"), (dashed, "--o")):
                 ys = [_nan(stat_of(level, metric, stat)) for level in levels]
                 label = comparison.shown_label(index) if stat == solid else None
-                axis.plot(xs_run, ys, style, color=f"C{index}", label=label)
+                axis.plot(xs_run, ys, style, color=colors[index], label=label)
         title = f"{METRIC_NAMES[metric]}: {solid} solid, {dashed} dashed"
         axis.set(xlabel=family.throughput_label, ylabel="latency (ms)", title=title)
         axis.grid(alpha=0.3)

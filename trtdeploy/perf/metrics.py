@@ -49,7 +49,8 @@ DEFINITIONS = {
     "whose level did not; ceiling_reached: every level met it up to start x 1024, where the search stopped; "
     "levels_run",
     "build": "the deployment the run loaded: its folder's point name, model plugin, engine, precision, GPU profile "
-    "it was built for, max batch size, TP, PP, mode and engine version",
+    "it was built for, max batch size, TP, PP, replicas, mode, engine version and the GPUs it takes (gpus_needed: "
+    "TP x PP x replicas)",
     "token_source": "server: counted from returned token ids; retokenized: the output text re-encoded with the "
     "model's tokenizer",
     "accuracy.exact_match": "share of the successful requests with a reference output whose output equals it "

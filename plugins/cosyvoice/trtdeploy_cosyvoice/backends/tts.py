@@ -151,7 +151,7 @@ class TritonPythonModel:
                 wav = reference_wav(request, self.max_reference_samples, REFERENCE_RATE)
             except ValueError as exc:
                 raise RequestError(str(exc)) from None
-            if wav.size < MIN_REFERENCE_SAMPLES:  # refused here: the two models that read it would each refuse it
+            if wav.size < MIN_REFERENCE_SAMPLES:  # the speaker embedding needs that many: one clear error from here
                 raise RequestError(
                     f"the reference audio is {wav.size} samples, too short for a speaker embedding: send at least "
                     f"{MIN_REFERENCE_SAMPLES} (a few seconds of speech make a good reference)"

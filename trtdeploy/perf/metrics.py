@@ -43,7 +43,8 @@ DEFINITIONS = {
     "slo_percentiles": "--slo limits with a percentile suffix (rtf_p95): the value that that percentage of the "
     "measured requests do not exceed (nearest rank; a failed request, or one without a value, counts as above "
     "any limit: null when such requests reach that rank)",
-    "slo_met": "--slo: the level's attainment reached --attainment and every percentile limit held",
+    "slo_met": "--slo: every percentile limit held and, when the SLO has per-request limits, the level's "
+    "attainment reached --attainment",
     "search": "--find: found, the highest concurrency or request rate whose level met the SLO (null: none did), "
     "and level, its index among the levels (run in the search's order); lowest_failed, the lowest value above it "
     "whose level did not; ceiling_reached: every level met it up to start x 1024, where the search stopped; "

@@ -27,6 +27,7 @@ from .report import (
     format_percent,
     level_axis,
     level_text,
+    plotted,
     pyplot,
     save_figure,
     stat_of,
@@ -135,6 +136,8 @@ class Run:
 
     path: Path
     summary: dict[str, Any]
+    #: The SLO the run was measured against (read from the summary once, when the run is read).
+    slo: Slo | None = None
 
     @property
     def status(self) -> str:
@@ -144,10 +147,6 @@ class Run:
     @property
     def open_loop(self) -> bool:
         return any(level["request_rate"] is not None for level in self.summary["levels"])
-
-    @property
-    def slo(self) -> Slo | None:
-        return Slo.from_dict(self.summary["slo"]) if self.summary.get("slo") else None
 
 
 def read_run(path: Path) -> Run:
@@ -175,12 +174,11 @@ def read_run(path: Path) -> Run:
         )
     if not summary["levels"]:
         raise UsageError(f"{summary_path} has no measured level", hint="pass runs that measured at least one level")
-    run = Run(path, summary)
-    try:
-        run.slo  # noqa: B018 -- read now: a damaged one is named here, before any report file is written
+    try:  # a damaged SLO is named here, before any report file is written
+        slo = Slo.from_dict(summary["slo"]) if summary.get("slo") else None
     except (KeyError, TypeError, UsageError) as exc:
         raise UsageError(f"{summary_path} has an unreadable slo ({exc})", hint=hint) from None
-    return run
+    return Run(path, summary, slo)
 
 
 def _missing_keys(summary: Any) -> list[str]:
@@ -414,7 +412,7 @@ def write_plots(comparison: Comparison, output_dir: Path) -> list[Path]:
             if comparison.runs[index].open_loop != open_loop:
                 continue
             values = [level["request_rate"] if open_loop else level["concurrency"] for level in levels]
-            ys = [_nan(family.throughput.value(level)) for level in levels]
+            ys = [plotted(family.throughput.value(level)) for level in levels]
             axis.plot(values, ys, "-o", color=colors[index], label=comparison.shown_label(index))
             xs.update(values)
         x_label = "request rate (req/s)" if open_loop else "concurrency"
@@ -434,9 +432,9 @@ def write_plots(comparison: Comparison, output_dir: Path) -> list[Path]:
     solid, dashed = family.stats
     for axis, metric in zip(axes[0], measured, strict=True):
         for index, levels in runs:
-            xs_run = [_nan(family.throughput.value(level)) for level in levels]
+            xs_run = [plotted(family.throughput.value(level)) for level in levels]
             for stat, style in ((solid, "-o"), (dashed, "--o")):
-                ys = [_nan(stat_of(level, metric, stat)) for level in levels]
+                ys = [plotted(stat_of(level, metric, stat)) for level in levels]
                 label = comparison.shown_label(index) if stat == solid else None
                 axis.plot(xs_run, ys, style, color=colors[index], label=label)
         title = f"{METRIC_NAMES[metric]}: {solid} solid, {dashed} dashed"
@@ -445,10 +443,6 @@ def write_plots(comparison: Comparison, output_dir: Path) -> list[Path]:
     axes[0][0].legend(fontsize="small")
     written.append(save_figure(figure, output_dir / LATENCY_PNG))
     return written
-
-
-def _nan(value: float | None) -> float:
-    return float("nan") if value is None else value
 
 
 def write_report(

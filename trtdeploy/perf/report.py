@@ -370,6 +370,11 @@ def save_figure(figure: Any, path: Path) -> Path:
     return path
 
 
+def plotted(value: float | None) -> float:
+    """A value as a line plot takes it: a missing one is NaN, a gap in the line."""
+    return float("nan") if value is None else value
+
+
 def level_axis(axis: Any, xs: list[float], open_loop: bool) -> None:
     """Ticks at the levels; concurrency on a log2 scale (levels usually double)."""
     if not open_loop and len(xs) > 1:
@@ -392,8 +397,7 @@ def write_plots(summary: dict[str, Any], output_dir: Path) -> list[Path]:
         for stat, style in (("p50", "-o"), ("p99", "--o")):
             ys = [stat_of(level, metric, stat) for level in levels]
             if any(y is not None for y in ys):
-                ys = [float("nan") if y is None else y for y in ys]
-                axis.plot(xs, ys, style, label=f"{METRIC_NAMES[metric]} {stat}")
+                axis.plot(xs, [plotted(y) for y in ys], style, label=f"{METRIC_NAMES[metric]} {stat}")
     axis.set(xlabel=x_label, ylabel="latency (ms)", title=f"{summary['model']}: latency")
     level_axis(axis, xs, open_loop)
     axis.legend()

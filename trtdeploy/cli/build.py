@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -82,34 +83,7 @@ def build(
     json: JsonOpt = False,
 ) -> None:
     """Build deployments of MODEL, one per matrix point: checkpoint, engines, Triton model repository, manifest."""
-    if isl_osl and (max_input_len or max_output_len):
-        raise UsageError("--isl-osl sets the lengths of every point", hint="drop --max-input-len/--max-output-len")
-    base = builder.BuildRequest(
-        model=model,
-        engine=engine,
-        gpu=gpu,
-        mode=mode,  # type: ignore[arg-type]
-        max_input_len=max_input_len,
-        max_output_len=max_output_len,
-        max_num_tokens=max_num_tokens,
-        engine_version=trtllm_version,
-        kv_cache_dtype=kv_cache_dtype,
-        calib_dataset=calib_dataset,
-        calib_size=calib_size,
-        replicas=replicas,
-        model_dir=model_dir,
-        revision=revision,
-        output_root=output_dir,
-        options=parse_key_values(option or [], name="--option"),
-    )
-    grid = Matrix(
-        precisions=tuple(precision.split(",")) if precision else (None,),
-        max_batch_sizes=tuple(parse_int_list(max_batch_size, name="--max-batch-size")) if max_batch_size else (None,),
-        tps=tuple(parse_int_list(tp, name="--tp")),
-        pps=tuple(parse_int_list(pp, name="--pp")),
-        lengths=parse_lengths(isl_osl) if isl_osl else ((None, None),),
-    )
-    requests = grid.points(base)
+    requests = matrix_requests(locals())
     plans, rejected = plan_all(requests, dry_run=dry_run, skip_invalid=skip_invalid)
     for item in rejected:
         warn(f"skipped {item.label}: {item.reason}")
@@ -137,6 +111,41 @@ def build(
         out.print(f"[green]✓[/] {summary['deployment']} {verb}")
         out.print(f"  models: {', '.join(summary['triton_models'])} (entry: {summary['entry_model']})")
     out.print(f"  next:   trtdeploy serve {summaries[-1]['deployment']}")
+
+
+def matrix_requests(options: Mapping[str, Any]) -> list[builder.BuildRequest]:
+    """The build request of every matrix point that ``build``'s options (by parameter name) ask for; ``sweep``
+    passes the same options."""
+    isl_osl, max_input_len, max_output_len = options["isl_osl"], options["max_input_len"], options["max_output_len"]
+    if isl_osl and (max_input_len or max_output_len):
+        raise UsageError("--isl-osl sets the lengths of every point", hint="drop --max-input-len/--max-output-len")
+    base = builder.BuildRequest(
+        model=options["model"],
+        engine=options["engine"],
+        gpu=options["gpu"],
+        mode=options["mode"],
+        max_input_len=max_input_len,
+        max_output_len=max_output_len,
+        max_num_tokens=options["max_num_tokens"],
+        engine_version=options["trtllm_version"],
+        kv_cache_dtype=options["kv_cache_dtype"],
+        calib_dataset=options["calib_dataset"],
+        calib_size=options["calib_size"],
+        replicas=options["replicas"],
+        model_dir=options["model_dir"],
+        revision=options["revision"],
+        output_root=options["output_dir"],
+        options=parse_key_values(options["option"] or [], name="--option"),
+    )
+    precision, max_batch_size = options["precision"], options["max_batch_size"]
+    grid = Matrix(
+        precisions=tuple(precision.split(",")) if precision else (None,),
+        max_batch_sizes=tuple(parse_int_list(max_batch_size, name="--max-batch-size")) if max_batch_size else (None,),
+        tps=tuple(parse_int_list(options["tp"], name="--tp")),
+        pps=tuple(parse_int_list(options["pp"], name="--pp")),
+        lengths=parse_lengths(isl_osl) if isl_osl else ((None, None),),
+    )
+    return grid.points(base)
 
 
 def _build_one(found: builder.Plan, force: bool, number: int, total: int) -> dict:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
 from ..errors import UsageError
 from ._options import DeploymentArg, JsonOpt, parse_int_list
 from ._output import emit_json, err, out, warn
+
+if TYPE_CHECKING:
+    from ..benchmark import PerfSettings
 
 
 def _parse_rates(text: str) -> list[float]:
@@ -246,77 +250,11 @@ def perf(
 ) -> None:
     """Benchmark a served deployment per concurrency level or request rate: TTFT, ITL, latency and throughput (TTS:
     first-chunk latency, RTF, saved audio, WER/CER with --asr; ASR: latency, RTF, WER/CER of the transcripts)."""
-    levels = parse_int_list(concurrency or "1", name="--concurrency")
-    if concurrency is not None and request_rate is not None:
-        raise UsageError(
-            "--concurrency and --request-rate are exclusive",
-            hint="choose a closed loop (--concurrency) or an open loop (--request-rate)",
-        )
-    if asr_language not in (None, "en", "zh"):
-        raise UsageError(f"--asr-language must be en or zh, got {asr_language!r}")
-    if asr is not None and asr_url is not None:
-        raise UsageError("--asr and --asr-url are the same option", hint="pass --asr only")
-    if asr_url is not None:
-        warn("--asr-url is deprecated: pass --asr HOST:PORT (or --asr WHISPER_DEPLOYMENT_FOLDER)")
-        asr = asr_url
-    if attainment is not None and slo is None:
-        raise UsageError("--attainment is the share of requests that must meet --slo", hint="pass --slo too")
-    if not 0.0 <= max_error_rate <= 1.0:
-        raise UsageError(f"--max-error-rate must be between 0 and 1, got {max_error_rate:g}", hint="e.g. 0.01")
-    from ..benchmark import PerfSettings, benchmark, resolve_asr
+    settings = perf_settings(locals())
+    from ..benchmark import benchmark
     from ..perf.report import LiveProgress, print_table, search_result
-    from ..perf.runner import InputSpec, LoadSettings
-    from ..perf.slo import Slo
-    from ..perf.workload import RequestOptions
     from ..server import stop_signals_as_interrupt
 
-    settings = PerfSettings(
-        deployment=deployment,
-        url=url,
-        protocol=protocol,
-        metrics_url=metrics_url,
-        model=model,
-        stream=stream,
-        load=LoadSettings(
-            concurrency=tuple(levels),
-            request_rates=tuple(_parse_rates(request_rate)) if request_rate else (),
-            num_requests=num_requests,
-            warmup=warmup,
-            workers=workers,
-            timeout_s=timeout,
-            seed=seed,
-            reuse_rows=reuse_rows,
-            arrival=arrival,
-            burstiness=burstiness,
-            max_concurrency=max_concurrency,
-            duration_s=duration,
-            find=find,
-        ),
-        inputs=InputSpec(
-            input_data=input_data,
-            dataset=dataset,
-            split=split,
-            column=column,
-            reference_column=reference_column,
-            isl=isl,
-            osl=osl,
-            isl_stddev=isl_stddev,
-            osl_stddev=osl_stddev,
-        ),
-        options=RequestOptions(
-            max_tokens=osl,
-            ignore_eos=ignore_eos,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            seed=seed if temperature is not None else None,
-            text_prefix=text_prefix,
-        ),
-        slo=Slo.parse(slo, attainment) if slo is not None else None,
-        output_dir=output_dir,
-        plots=plots,
-        asr=resolve_asr(asr, model=asr_model, language=asr_language) if asr is not None else None,
-    )
     with stop_signals_as_interrupt(), LiveProgress(err) as progress:  # SIGTERM keeps the results as Ctrl-C does
         run = benchmark(settings, progress=progress, warn=warn)
     if json:
@@ -328,3 +266,79 @@ def perf(
             out.print(found, highlight=False)
         out.print(f"reports: {run.output_dir}")
     run.check_error_rate(max_error_rate)
+
+
+def perf_settings(options: Mapping[str, Any]) -> PerfSettings:
+    """The settings that ``perf``'s options ask for (by parameter name), checked; ``sweep`` passes the same options,
+    with its own ``deployment``, ``url``, ``metrics_url`` and ``output_dir`` for each point."""
+    from ..benchmark import PerfSettings, resolve_asr
+    from ..perf.runner import InputSpec, LoadSettings
+    from ..perf.slo import Slo
+    from ..perf.workload import RequestOptions
+
+    o = options
+    levels = parse_int_list(o["concurrency"] or "1", name="--concurrency")
+    if o["concurrency"] is not None and o["request_rate"] is not None:
+        raise UsageError(
+            "--concurrency and --request-rate are exclusive",
+            hint="choose a closed loop (--concurrency) or an open loop (--request-rate)",
+        )
+    language, asr = o["asr_language"], o["asr"]
+    if language not in (None, "en", "zh"):
+        raise UsageError(f"--asr-language must be en or zh, got {language!r}")
+    if asr is not None and o["asr_url"] is not None:
+        raise UsageError("--asr and --asr-url are the same option", hint="pass --asr only")
+    if o["asr_url"] is not None:
+        warn("--asr-url is deprecated: pass --asr HOST:PORT (or --asr WHISPER_DEPLOYMENT_FOLDER)")
+        asr = o["asr_url"]
+    if o["attainment"] is not None and o["slo"] is None:
+        raise UsageError("--attainment is the share of requests that must meet --slo", hint="pass --slo too")
+    if not 0.0 <= o["max_error_rate"] <= 1.0:
+        raise UsageError(f"--max-error-rate must be between 0 and 1, got {o['max_error_rate']:g}", hint="e.g. 0.01")
+    return PerfSettings(
+        deployment=o["deployment"],
+        url=o["url"],
+        protocol=o["protocol"],
+        metrics_url=o["metrics_url"],
+        model=o["model"],
+        stream=o["stream"],
+        load=LoadSettings(
+            concurrency=tuple(levels),
+            request_rates=tuple(_parse_rates(o["request_rate"])) if o["request_rate"] else (),
+            num_requests=o["num_requests"],
+            warmup=o["warmup"],
+            workers=o["workers"],
+            timeout_s=o["timeout"],
+            seed=o["seed"],
+            reuse_rows=o["reuse_rows"],
+            arrival=o["arrival"],
+            burstiness=o["burstiness"],
+            max_concurrency=o["max_concurrency"],
+            duration_s=o["duration"],
+            find=o["find"],
+        ),
+        inputs=InputSpec(
+            input_data=o["input_data"],
+            dataset=o["dataset"],
+            split=o["split"],
+            column=o["column"],
+            reference_column=o["reference_column"],
+            isl=o["isl"],
+            osl=o["osl"],
+            isl_stddev=o["isl_stddev"],
+            osl_stddev=o["osl_stddev"],
+        ),
+        options=RequestOptions(
+            max_tokens=o["osl"],
+            ignore_eos=o["ignore_eos"],
+            temperature=o["temperature"],
+            top_k=o["top_k"],
+            top_p=o["top_p"],
+            seed=o["seed"] if o["temperature"] is not None else None,
+            text_prefix=o["text_prefix"],
+        ),
+        slo=Slo.parse(o["slo"], o["attainment"]) if o["slo"] is not None else None,
+        output_dir=o["output_dir"],
+        plots=o["plots"],
+        asr=resolve_asr(asr, model=o["asr_model"], language=language) if asr is not None else None,
+    )

@@ -14,7 +14,7 @@ from .conftest import run_cli
 
 def test_every_command_has_help():
     names = [name for _, name in COMMANDS]
-    assert {"plugins", "download", "build", "serve", "stop", "perf", "quickstart"} <= set(names)
+    assert {"plugins", "download", "build", "serve", "stop", "perf", "report", "sweep", "quickstart"} <= set(names)
     for name in names:
         result = run_cli(name, "--help")
         assert result.returncode == 0, (name, result.stderr)
@@ -89,3 +89,28 @@ def test_exit_codes_are_distinct():
     codes = [int(code) for code in errors.ExitCode]
     assert len(codes) == len(set(codes))
     assert create_app().registered_commands  # the app assembles without error
+
+
+def test_sweep_takes_builds_and_perfs_options_under_their_names():
+    """Every option of `build` and `perf` is one of `sweep`'s (with the same flags and help), but those the sweep
+    decides itself; build's --output-dir is --deployments-dir there."""
+    from trtdeploy.cli import sweep as sweep_module
+
+    group = typer.main.get_command(create_app())
+    commands = ("build", "perf", "sweep")
+    options = {name: {param.name: param for param in group.commands[name].params} for name in commands}
+    left_out = {
+        "build": set(sweep_module.BUILD_OPTIONS_LEFT_OUT),
+        "perf": set(sweep_module.PERF_OPTIONS_LEFT_OUT),
+    }
+    for source in ("build", "perf"):
+        for name, param in options[source].items():
+            if name in left_out[source]:
+                continue
+            name = "deployments_dir" if (source, name) == ("build", "output_dir") else name
+            taken = options["sweep"][name]
+            assert taken.help == param.help, name
+            if name != "deployments_dir":
+                assert taken.opts == param.opts, name
+    assert options["sweep"]["deployments_dir"].opts == ["--deployments-dir"]
+    assert options["sweep"]["output_dir"].help.startswith("The sweep's folder")

@@ -24,6 +24,7 @@ COMMANDS = (
     ("stop", "stop"),
     ("perf", "perf"),
     ("report", "report"),
+    ("sweep", "sweep"),
     ("quickstart", "quickstart"),
 )
 

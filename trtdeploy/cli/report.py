@@ -15,8 +15,8 @@ def report(
     run_dirs: Annotated[
         list[Path],
         typer.Argument(
-            help="Run folders written by `trtdeploy perf`, each holding a summary.json; all of one workload family "
-            "(LLM, TTS or ASR).",
+            help="Run folders written by `trtdeploy perf`, each holding a summary.json, or `trtdeploy sweep` folders "
+            "(their measured points' runs); all of one workload family (LLM, TTS or ASR).",
             show_default=False,
         ),
     ],

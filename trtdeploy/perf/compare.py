@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 REPORT_JSON = "report.json"
+#: A ``trtdeploy sweep`` folder's record of its points, where each measured point's run is (``run_dir``).
+SWEEP_JSON = "sweep.json"
 REPORT_CSV = "report.csv"
 REPORT_MD = "report.md"
 COMPLETE = "complete"
@@ -322,14 +324,34 @@ class Comparison:
         return notes
 
 
+def run_folders(paths: Sequence[Path]) -> list[Path]:
+    """``paths`` with each sweep folder among them replaced by the runs of its measured points, in its order."""
+    folders = []
+    for path in paths:
+        record = path / SWEEP_JSON
+        if (path / SUMMARY_JSON).is_file() or not record.is_file():
+            folders.append(path)
+            continue
+        try:
+            points = json.loads(record.read_text(encoding="utf-8"))["points"]
+            runs = [path / point["run_dir"] for point in points if point["status"] in ("measured", "reused")]
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"{record} is unreadable ({exc})", hint="run the sweep again to rewrite it") from None
+        if not runs:
+            raise UsageError(f"the sweep in {path} has no measured point", hint="run the sweep again to measure them")
+        folders += runs
+    return folders
+
+
 def compare(paths: Sequence[Path], labels: Sequence[str] | None = None) -> Comparison:
-    """The runs in folders ``paths``, in that order, labelled by ``labels`` (one per run) or
-    :func:`default_labels`. UsageError for a folder given twice, labels that do not match the runs one to one,
-    or runs of different workload families."""
+    """The runs in folders ``paths`` (a sweep's folder: its measured points' runs), in that order, labelled by
+    ``labels`` (one per run) or :func:`default_labels`. UsageError for a folder given twice, labels that do not match
+    the runs one to one, or runs of different workload families."""
+    paths = run_folders(paths)
     resolved = [path.resolve() for path in paths]
     twice = next((path for path, count in Counter(resolved).items() if count > 1), None)
     if twice is not None:
-        raise UsageError(f"{twice} is given twice", hint="pass each run folder once")
+        raise UsageError(f"{twice} is given twice", hint="pass each run folder once (a sweep's folder holds its runs)")
     runs = tuple(read_run(path) for path in paths)
     families = {run.summary["family"] for run in runs}
     if len(families) > 1:
@@ -377,7 +399,11 @@ def comparison_table(comparison: Comparison) -> Table:
 
 def markdown(comparison: Comparison) -> str:
     """The table as markdown, its notes in a list below it."""
-    headers, rows, notes = comparison.cells()
+    return markdown_table(*comparison.cells())
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], notes: Sequence[str]) -> str:
+    """A markdown table (the first two columns left-aligned, the others right-aligned), ``notes`` listed below."""
 
     def line(cells: Sequence[str]) -> str:
         return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
@@ -388,7 +414,7 @@ def markdown(comparison: Comparison) -> str:
     return "\n".join([*table, "", *listed]) + "\n"
 
 
-def _run_colors(count: int) -> list[Any]:
+def run_colors(count: int) -> list[Any]:
     """A colour per run, all different: matplotlib's ten-colour cycle, or evenly spaced hues past ten runs."""
     if count <= 10:
         return [f"C{index}" for index in range(count)]
@@ -403,7 +429,7 @@ def write_plots(comparison: Comparison, output_dir: Path) -> list[Path]:
     plt = pyplot()
     family = FAMILIES[comparison.family]
     runs = [(index, by_value(run.summary["levels"])) for index, run in enumerate(comparison.runs)]
-    colors = _run_colors(len(comparison.runs))
+    colors = run_colors(len(comparison.runs))
     kinds = sorted({run.open_loop for run in comparison.runs})
     figure, axes = plt.subplots(1, len(kinds), figsize=(7.5 * len(kinds), 4.8), squeeze=False)
     for axis, open_loop in zip(axes[0], kinds, strict=True):

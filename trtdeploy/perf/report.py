@@ -107,11 +107,14 @@ def level_text(level: dict[str, Any]) -> str:
     return str(level["concurrency"]) if level["request_rate"] is None else f"{level['request_rate']:g}/s"
 
 
+def level_value(level: dict[str, Any]) -> float:
+    """A level's concurrency, or its request rate in open loop."""
+    return level["concurrency"] if level["request_rate"] is None else level["request_rate"]
+
+
 def by_value(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The levels by concurrency or request rate (a search runs them in another order)."""
-    return sorted(
-        levels, key=lambda level: level["concurrency"] if level["request_rate"] is None else level["request_rate"]
-    )
+    return sorted(levels, key=level_value)
 
 
 def _has_scores(level: dict[str, Any]) -> bool:

@@ -89,6 +89,7 @@ METRIC_NAMES = {
     "ttft_ms": "TTFT",
     "itl_ms": "ITL",
     "e2e_ms": "E2E",
+    "rtf": "RTF",
 }
 #: Latencies shown per family, streamed and offline.
 _LATENCIES = {

@@ -463,6 +463,8 @@ class LevelRunner:
                     if chunk.has_content:
                         chunks.append(chunk)
                         times.append(arrived)
+                    elif chunk.usage is not None and chunks:  # the counts a stream ends with
+                        chunks[-1].usage = chunk.usage
                 result = self.workload.finish(request, chunks)
             except Exception as exc:  # a response the workload cannot read is a failed request, not a crash
                 rec.error = f"unreadable response: {type(exc).__name__}: {exc}"

@@ -75,7 +75,7 @@ class Record:
     def set_result(self, level: int, worker: int, request: Request, result: Result, chunks: Sequence[Any]) -> None:
         self.level = level
         self.worker = worker
-        self.input_tokens = request.input_tokens
+        self.input_tokens = result.input_tokens if result.input_tokens is not None else request.input_tokens
         self.input_characters = request.input_characters
         self.reference = request.reference
         self.chunk_tokens = [chunk.tokens for chunk in chunks]

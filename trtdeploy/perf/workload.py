@@ -166,6 +166,9 @@ class Request:
     context: Any = None
     #: A short name for the files of this request's output (e.g. the dataset's ``id``).
     label: str | None = None
+    #: OpenAI-compatible endpoints: the path the request is posted to and its JSON body (``inputs`` is empty).
+    path: str | None = None
+    body: dict[str, Any] | None = None
 
 
 @dataclass
@@ -181,6 +184,10 @@ class Chunk:
     audio_seconds: float = 0.0
     #: The audio samples themselves (TTS; mono float32), for the saved output.
     audio: np.ndarray | None = None
+    #: Token counts the server reported with this response (OpenAI's ``usage``: ``prompt_tokens``,
+    #: ``completion_tokens``, the latter counting the whole answer so far). A response without content that
+    #: carries them (the usage a stream ends with) passes them to the last chunk with content.
+    usage: dict[str, Any] | None = None
 
     @property
     def has_content(self) -> bool:
@@ -192,6 +199,8 @@ class Chunk:
 class Result:
     """Per-request fields computed when a request has finished."""
 
+    #: Input tokens as the server counted them, when it says (instead of the request's own count).
+    input_tokens: int | None = None
     #: Output tokens of the whole request.
     output_tokens: int | None = None
     #: Tokens in the first chunk with content (the ITL denominator excludes them).
@@ -236,8 +245,9 @@ class Workload(ABC):
         that first sends it; may be slow, e.g. tokenize)."""
 
     @abstractmethod
-    def parse_chunk(self, outputs: Mapping[str, np.ndarray], request: Request) -> Chunk:
-        """Read one response's output tensors (called once its request is complete, between sends)."""
+    def parse_chunk(self, outputs: Mapping[str, Any], request: Request) -> Chunk:
+        """Read one response: its output tensors (Triton), or its JSON object (an OpenAI-compatible server); called
+        once its request is complete, between sends."""
 
     @abstractmethod
     def finish(self, request: Request, chunks: Sequence[Chunk]) -> Result:

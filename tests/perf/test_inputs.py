@@ -163,7 +163,7 @@ def test_the_chat_template_counts_and_sizes_prompts_as_the_deployment_does(tmp_p
     assert len(chat.prompt_ids(text)) > len(plain.prompt_ids(text)) + 5  # the template's tokens are counted
     rows = chat.synthetic_rows(4, input_tokens=40, output_tokens=8, seed=0)
     assert [len(chat.prompt_ids(row.input)) for row in rows] == [40] * 4
-    with pytest.raises(UsageError, match="--isl 3 is too short for this deployment: it adds"):
+    with pytest.raises(UsageError, match="--isl 3 is too short for this model: its preprocessing .* adds"):
         chat.synthetic_rows(1, input_tokens=3, output_tokens=8, seed=0)
 
 

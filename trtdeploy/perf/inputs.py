@@ -218,7 +218,9 @@ def synthetic_prompts(
     if isinstance(length, int):
         if length - overhead < 1:
             raise UsageError(
-                f"--isl {length} is too short for this deployment: it adds {overhead} tokens to every prompt"
+                f"--isl {length} is too short for this model: its preprocessing (chat template, special tokens) adds "
+                f"{overhead} tokens to every prompt",
+                hint=f"pass --isl {overhead + 1} or more",
             )
         lengths = [length] * count
     else:  # drawn lengths: the shortest prompt is one token beyond what the deployment adds

@@ -8,12 +8,12 @@ server lost (exit 5) or Ctrl-C (exit 130) still leave complete files for what wa
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from .deployment import Deployment, find_latest
 from .errors import Interrupted, ServerError, TrtDeployError, UsageError
@@ -39,6 +39,7 @@ from .server import DEFAULT_PORTS, resolved_path
 
 if TYPE_CHECKING:
     from .perf.control import Protocol
+    from .perf.openai_api import Api, OpenAIWorkload
     from .server import ServerInfo
 
 #: Output length when neither the run nor an input row gives one (at most the deployment's max_output_len), for
@@ -48,11 +49,20 @@ DEFAULT_OSL = 128
 
 @dataclass(frozen=True)
 class PerfSettings:
-    """Everything ``trtdeploy perf`` is asked: target, load, inputs, generation options, SLOs, reports."""
+    """Everything ``trtdeploy perf`` is asked: target, load, inputs, generation options, SLOs, reports.
+
+    ``endpoint`` ``openai``: the target is the OpenAI-compatible server at ``url``, loaded through its ``api``
+    (``completions`` by default), its tokens counted with ``tokenizer``, every request's body completed with
+    ``extra_body``; ``protocol`` and ``deployment`` are Triton's.
+    """
 
     deployment: Path | None = None
     url: str | None = None
     protocol: Protocol = "grpc"
+    endpoint: Literal["triton", "openai"] = "triton"
+    api: Api | None = None
+    tokenizer: str | None = None
+    extra_body: Mapping[str, Any] | None = None
     metrics_url: str | None = None
     model: str | None = None
     stream: bool | None = None
@@ -65,9 +75,36 @@ class PerfSettings:
     asr: AsrSettings | None = None
 
     def __post_init__(self) -> None:
-        if self.url is not None:
+        if self.endpoint == "openai":
+            self._check_openai()
+        elif self.url is not None:
             check_url(self.url)
+        if self.endpoint == "triton":
+            given = [flag for flag, value in (("--api", self.api), ("--tokenizer", self.tokenizer)) if value]
+            given += ["--extra-body"] if self.extra_body is not None else []
+            if given:
+                raise UsageError(
+                    f"{', '.join(given)} {'goes' if len(given) == 1 else 'go'} with --endpoint openai",
+                    hint="a Triton deployment tokenizes with its own preprocessing; pass --endpoint openai --url URL "
+                    "to load an OpenAI-compatible server",
+                )
         check_search(self.load.find, self.slo)
+
+    def _check_openai(self) -> None:
+        from .perf.openai_api import API_PATHS, base_url
+
+        if self.url is None:
+            raise UsageError("--endpoint openai needs the server's --url", hint="e.g. --url http://localhost:8000")
+        base_url(self.url)
+        if self.deployment is not None:
+            raise UsageError(
+                f"{self.deployment} is a deployment folder, which Triton serves; --endpoint openai loads --url",
+                hint="leave out the deployment folder, or --endpoint openai",
+            )
+        if self.api is not None and self.api not in API_PATHS:
+            raise UsageError(f"--api {self.api!r} is not one of {', '.join(API_PATHS)}")
+        if self.asr is not None:
+            raise UsageError("--asr scores speech from a TTS model; --endpoint openai loads a text LLM")
 
 
 def server_of(deployment: Path) -> ServerInfo:
@@ -136,17 +173,24 @@ def resolve_workload(deployment: Deployment, model: str | None) -> Workload:
     return workload.retarget(model) if model is not None and model != workload.model_name else workload
 
 
-def apply_limits(settings: PerfSettings, deployment: Deployment, workload: Workload) -> PerfSettings:
+def apply_limits(settings: PerfSettings, deployment: Deployment | None, workload: Workload) -> PerfSettings:
     """``settings`` with the default lengths fitted to the deployment's limits (``max_input_len``,
-    ``max_output_len`` of its build), after refusing explicit lengths beyond them.
+    ``max_output_len`` of its build), after refusing explicit lengths beyond them; without a deployment (an
+    OpenAI-compatible server), with the defaults as they are (the server refuses what it cannot take).
 
     Default prompt length of synthetic inputs: min(DEFAULT_ISL, max_input_len). Default output length of an LLM
     workload: ``--osl`` of the synthetic inputs if given, else min(the workload's own default, else DEFAULT_OSL,
     max_output_len).
     """
+    inputs, options = settings.inputs, settings.options
+    if deployment is None:
+        if inputs.synthetic and inputs.isl is None:
+            inputs = replace(inputs, isl=DEFAULT_ISL)
+        if options.max_tokens is None:
+            options = replace(options, max_tokens=inputs.osl or DEFAULT_OSL)
+        return replace(settings, inputs=inputs, options=options)
     point = deployment.point
     max_in, max_out = int(point.max_input_len), int(point.max_output_len)
-    inputs, options = settings.inputs, settings.options
     if inputs.isl is not None and inputs.isl > max_in:
         raise UsageError(
             f"--isl {inputs.isl} is more than this deployment's max_input_len {max_in}",
@@ -178,6 +222,48 @@ def check_row_lengths(rows: list[InputRow], deployment: Deployment) -> None:
                 f"max_output_len {max_out}",
                 hint=f"keep max_tokens <= {max_out} in the input data",
             )
+
+
+def resolve_openai(settings: PerfSettings) -> tuple[Endpoint, OpenAIWorkload, dict[str, Any]]:
+    """The OpenAI-compatible server to load, its workload, and what the summary records of it (``api``,
+    ``tokenizer``, ``served_by``: the owner its model list names, e.g. vllm).
+
+    The model: ``settings.model``, else the only one the server lists (UsageError naming them when it lists
+    several). The tokenizer is loaded here, before the load: synthetic prompts cannot be made without it. The
+    metrics: ``settings.metrics_url``, else the server's ``/metrics`` (vLLM's and SGLang's Prometheus; a server
+    without one costs nothing).
+    """
+    from .perf.openai_api import OpenAIControl, OpenAIWorkload, base_url
+
+    url = base_url(settings.url or "")
+    if settings.inputs.synthetic and settings.tokenizer is None:
+        raise UsageError(
+            "synthetic prompts of exactly --isl tokens need the served model's tokenizer",
+            hint="pass --tokenizer (its Hugging Face tokenizer folder or Hub name), or --input-data/--dataset",
+        )
+
+    async def served_models() -> list[dict[str, Any]]:
+        control = OpenAIControl(url)
+        try:
+            return await control.models()
+        finally:
+            await control.close()
+
+    served = asyncio.run(served_models())
+    names = [entry["id"] for entry in served]
+    if settings.model is None and len(names) != 1:
+        raise UsageError(
+            f"the server at {url} serves {len(names)} models ({', '.join(names) or 'none'}): which one to load?",
+            hint="name it with --model",
+        )
+    model = settings.model or names[0]
+    api = settings.api or "completions"
+    workload = OpenAIWorkload(model, api=api, tokenizer=settings.tokenizer, extra_body=settings.extra_body)
+    if settings.tokenizer is not None:
+        workload.tokenizer  # noqa: B018 - a tokenizer that cannot be loaded is named before the load
+    owner = next((entry.get("owned_by") for entry in served if entry["id"] == model), None)
+    header = {"api": api, "tokenizer": settings.tokenizer, "served_by": owner}
+    return Endpoint(url, "openai", settings.metrics_url or f"{url}/metrics"), workload, header
 
 
 def resolve_target(settings: PerfSettings, warn: Callable[[str], None]) -> tuple[Endpoint, Deployment]:
@@ -286,8 +372,15 @@ def benchmark(
     stderr). A lost server raises ServerLost (exit 5), Ctrl-C Interrupted (exit 130), after the reports of what
     was measured are complete and marked ``server_lost`` or ``interrupted``."""
     warn = warn or warn_on_stderr
-    endpoint, deployment = resolve_target(settings, warn)
-    workload = resolve_workload(deployment, settings.model)
+    deployment: Deployment | None = None
+    target: dict[str, Any]
+    if settings.endpoint == "openai":
+        endpoint, workload, served = resolve_openai(settings)
+        target = {"endpoint": "openai", "deployment": None, "build": None, **served}
+    else:
+        endpoint, deployment = resolve_target(settings, warn)
+        workload = resolve_workload(deployment, settings.model)
+        target = {"endpoint": "triton", "deployment": str(deployment.path), "build": build_of(deployment)}
     asr = settings.asr
     if workload.family != "llm" and settings.inputs.isl is not None:
         raise UsageError("--isl sets the prompt length of LLM workloads; speech inputs have no token length")
@@ -303,19 +396,19 @@ def benchmark(
         asr = replace(asr, headers=asr.headers or _asr_headers(asr.url))
         asyncio.run(check_whisper(asr.url, asr.model, asr.headers))
     settings = apply_limits(settings, deployment, workload)
-    output_dir = settings.output_dir or default_output_dir(workload.model_name)
+    output_dir = settings.output_dir or default_output_dir(_folder_name(workload.model_name, settings.endpoint))
     created = prepare_output_dir(output_dir)  # before the load: a run is not lost for want of a folder
     writer = ReportWriter(output_dir, plots=settings.plots, warn=warn)
     writer.header = {
         "started_at": datetime.now().astimezone().isoformat(timespec="seconds"),
-        "deployment": str(deployment.path),
-        "build": build_of(deployment),
+        **target,
         "input": settings.inputs.describe(workload.family),
     }
     try:
         inputs = settings.inputs
         rows = [] if inputs.synthetic else inputs.load(workload)
-        check_row_lengths(rows, deployment)
+        if deployment is not None:
+            check_row_lengths(rows, deployment)
         make_rows = partial(inputs.synthetic_rows, workload, seed=settings.load.seed) if inputs.synthetic else None
         run = asyncio.run(
             run_levels(
@@ -360,6 +453,14 @@ def benchmark(
         writer.write_summary("complete")
     run.summary = writer.summary("complete")
     return run
+
+
+def _folder_name(model: str, endpoint: str) -> str:
+    """The default run folder's name part: the model's (the last part of an OpenAI-compatible server's model name,
+    which may be a path or ``org/name``, then ``-openai``)."""
+    if endpoint == "triton":
+        return model
+    return f"{model.rstrip('/').rsplit('/', 1)[-1] or 'model'}-openai"
 
 
 def _keep(writer: ReportWriter, created: list[Path], status: str) -> bool:

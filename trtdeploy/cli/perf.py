@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -29,6 +30,19 @@ def _parse_rates(text: str) -> list[float]:
     return rates
 
 
+def _parse_extra_body(text: str) -> dict[str, Any]:
+    """``--extra-body`` as a JSON object."""
+    try:
+        body = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(
+            f"--extra-body is not JSON ({exc})", hint="""e.g. --extra-body '{"min_tokens": 128}'"""
+        ) from None
+    if not isinstance(body, dict):
+        raise UsageError(f"--extra-body must be a JSON object, got {text!r}", hint="""e.g. '{"min_tokens": 128}'""")
+    return body
+
+
 def perf(
     deployment: DeploymentArg = None,
     *,
@@ -37,17 +51,55 @@ def perf(
         typer.Option(
             help="Triton's HOST:PORT, the gRPC or HTTP port per --protocol (default: the running server that "
             "`trtdeploy serve` started for DEPLOYMENT; without DEPLOYMENT, the one serving a deployment under the "
-            "current folder)."
+            "current folder). --endpoint openai: the server's http(s)://HOST:PORT or HOST:PORT (a base URL ending "
+            "in /v1 is taken too)."
         ),
     ] = None,
-    protocol: Annotated[Literal["grpc", "http"], typer.Option(help="grpc (offline or streaming) or http.")] = "grpc",
+    protocol: Annotated[
+        Literal["grpc", "http"] | None,
+        typer.Option(help="Triton's grpc (offline or streaming) or http (default grpc)."),
+    ] = None,
+    endpoint: Annotated[
+        Literal["triton", "openai"],
+        typer.Option(
+            help="triton, or openai: an OpenAI-compatible server (trtllm-serve, vLLM, SGLang, ...) at --url, "
+            "loaded through /v1/completions or /v1/chat/completions (--api) with the same workloads and reports."
+        ),
+    ] = "triton",
+    api: Annotated[
+        Literal["completions", "chat"] | None,
+        typer.Option(
+            help="--endpoint openai: completions (the prompt as it is; the default) or chat (the prompt as one user "
+            "turn, in the model's chat template)."
+        ),
+    ] = None,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            help="--endpoint openai: the served model's Hugging Face tokenizer (a folder, or a Hub name), to make "
+            "synthetic prompts of exactly --isl tokens and count tokens where the server reports no usage."
+        ),
+    ] = None,
+    extra_body: Annotated[
+        str | None,
+        typer.Option(
+            help="--endpoint openai: a JSON object merged into every request's body, over the fields perf sets: "
+            "the server's own fields, e.g. '{\"min_tokens\": 128}' (vLLM) or '{\"top_k\": 1}'."
+        ),
+    ] = None,
     model: Annotated[
         str | None,
-        typer.Option(help="Triton model to load (default: the deployment's entry model; e.g. tensorrt_llm)."),
+        typer.Option(
+            help="Triton model to load (default: the deployment's entry model; e.g. tensorrt_llm). --endpoint "
+            "openai: the served model's name (default: the only one its /v1/models lists)."
+        ),
     ] = None,
     stream: Annotated[
         bool | None,
-        typer.Option("--stream/--no-stream", help="Stream responses (default: when the model is decoupled)."),
+        typer.Option(
+            "--stream/--no-stream",
+            help="Stream responses (default: when the model is decoupled; --endpoint openai: stream).",
+        ),
     ] = None,
     concurrency: Annotated[
         str | None, typer.Option("--concurrency", "-c", help="Closed-loop levels, e.g. 1,2,4 (default 1).")
@@ -291,6 +343,8 @@ def perf_settings(options: Mapping[str, Any]) -> PerfSettings:
     if o["asr_url"] is not None:
         warn("--asr-url is deprecated: pass --asr HOST:PORT (or --asr WHISPER_DEPLOYMENT_FOLDER)")
         asr = o["asr_url"]
+    if o["endpoint"] == "openai" and o["protocol"] is not None:
+        raise UsageError("--protocol chooses Triton's gRPC or HTTP", hint="leave it out with --endpoint openai")
     if o["attainment"] is not None and o["slo"] is None:
         raise UsageError("--attainment is the share of requests that must meet --slo", hint="pass --slo too")
     if not 0.0 <= o["max_error_rate"] <= 1.0:
@@ -298,7 +352,11 @@ def perf_settings(options: Mapping[str, Any]) -> PerfSettings:
     return PerfSettings(
         deployment=o["deployment"],
         url=o["url"],
-        protocol=o["protocol"],
+        protocol=o["protocol"] or "grpc",
+        endpoint=o["endpoint"],
+        api=o["api"],
+        tokenizer=o["tokenizer"],
+        extra_body=_parse_extra_body(o["extra_body"]) if o["extra_body"] is not None else None,
         metrics_url=o["metrics_url"],
         model=o["model"],
         stream=o["stream"],

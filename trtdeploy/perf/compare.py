@@ -202,8 +202,13 @@ def _missing_keys(summary: Any) -> list[str]:
 
 def _label_parts(run: Run) -> tuple[str, list[str]]:
     """A run's label from its ``build`` (model, engine, precision, GPU) and the build's other parts that may tell it
-    from a run with the same label; a run without a build: its folder's name."""
+    from a run with the same label; a run of an OpenAI-compatible server: its model, ``openai`` and who serves it
+    (as its model list says, e.g. vllm), then its API and whether it streamed; a run without either: its folder's
+    name."""
     build = run.summary.get("build")
+    if run.summary.get("endpoint") == "openai":
+        base = " ".join(str(part) for part in (run.summary["model"], "openai", run.summary.get("served_by")) if part)
+        return base, [str(run.summary.get("api") or ""), "streaming" if run.summary["stream"] else "offline"]
     if not build:
         return run.path.name, []
     base = " ".join(str(build[key]) for key in ("model", "engine", "precision", "gpu") if build.get(key))

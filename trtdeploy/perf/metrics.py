@@ -52,8 +52,10 @@ DEFINITIONS = {
     "build": "the deployment the run loaded: its folder's point name, model plugin, engine, precision, GPU profile "
     "it was built for, max batch size, TP, PP, replicas, mode, engine version and the GPUs it takes (gpus_needed: "
     "TP x PP x replicas)",
-    "token_source": "server: counted from returned token ids; retokenized: the output text re-encoded with the "
-    "model's tokenizer",
+    "token_source": "server: counted from returned token ids, or the usage an OpenAI-compatible server reported; "
+    "retokenized: the output text re-encoded with the model's tokenizer",
+    "endpoint": "triton (a Triton deployment) or openai (an OpenAI-compatible server: its api, completions or chat, "
+    "the tokenizer perf counted with, and served_by, the owner its model list names)",
     "accuracy.exact_match": "share of the successful requests with a reference output whose output equals it "
     "after collapsing whitespace",
     "accuracy.rouge_l_f1": "mean ROUGE-L F1 (longest common subsequence, beta 1) over whitespace tokens of "

@@ -1,4 +1,5 @@
-"""The perf engine: load one Triton endpoint with a workload, level by level, and summarize each level.
+"""The perf engine: load one Triton (or OpenAI-compatible) endpoint with a workload, level by level, and summarize
+each level.
 
 It knows nothing of trtdeploy's deployments or server records (that is :mod:`trtdeploy.benchmark`): it takes an
 endpoint, a workload and its input rows, and hands every record and every level summary to an observer as soon as
@@ -12,11 +13,11 @@ import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import PerfError, ServerError, UsageError
-from .control import ControlClient, failure_reason, within
 from .control import Protocol as Transport
+from .control import control_client, failure_reason, within
 from .loadgen import (
     ARRIVAL_STREAM,
     ARRIVALS,
@@ -35,6 +36,10 @@ from .search import FINDS, MAX_STEPS, Search, check_search
 from .slo import Slo
 from .stats import GaugeSampler, Snapshot, server_delta, snapshot
 from .workload import InputRow, ModelInfo, RequestOptions, Workload
+
+if TYPE_CHECKING:
+    from .control import ControlClient
+    from .openai_api import OpenAIControl
 
 #: Prompt length of the synthetic inputs used when no input is given (at most the deployment's max_input_len).
 DEFAULT_ISL = 128
@@ -328,8 +333,9 @@ class LevelPlan:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where the load goes: ``HOST:PORT`` of the gRPC or HTTP endpoint, the metrics URL (optional), and headers for
-    the control calls (the key to a trtdeploy server's restricted APIs)."""
+    """Where the load goes: ``HOST:PORT`` of Triton's gRPC or HTTP endpoint (or the base URL, ``http://HOST:PORT``,
+    of an OpenAI-compatible server), the metrics URL (optional), and headers for the control calls (the key to a
+    trtdeploy server's restricted APIs)."""
 
     url: str
     protocol: Transport = "grpc"
@@ -462,6 +468,10 @@ class PerfRun:
 
 
 def _choose_stream(requested: bool | None, model: ModelInfo, protocol: Transport) -> bool:
+    """Whether to stream: as asked, else when the model is decoupled (an OpenAI-compatible server: streaming, its
+    answers' first token being what most runs measure)."""
+    if protocol == "openai":
+        return True if requested is None else requested
     stream = model.decoupled if requested is None else requested
     if stream and not model.decoupled:
         raise UsageError(
@@ -484,7 +494,7 @@ class ServerWatch:
     seen within a second, a frozen one (no answer) within a few PROBE_TIMEOUT_S.
     """
 
-    def __init__(self, control: ControlClient) -> None:
+    def __init__(self, control: ControlClient | OpenAIControl) -> None:
         self.control = control
         self.lost: str | None = None
         self._poke = asyncio.Event()
@@ -538,7 +548,7 @@ class ServerWatch:
             await asyncio.sleep(PROBE_GAP_S)
 
 
-async def _snapshot(control: ControlClient, metrics_url: str | None) -> Snapshot | str:
+async def _snapshot(control: ControlClient | OpenAIControl, metrics_url: str | None) -> Snapshot | str:
     """The server's counters, or why they could not be read (they are extras: their failure costs no result)."""
     try:
         return await snapshot(control, metrics_url)
@@ -577,7 +587,7 @@ async def run_levels(
     collector = RunCollector() if observer is None else None
     observer = observer or collector
     assert observer is not None
-    control = ControlClient(endpoint.protocol, endpoint.url, headers=endpoint.headers)
+    control = control_client(endpoint.protocol, endpoint.url, headers=endpoint.headers)
     try:
         await control.check_live()
         model = await control.model_info(workload.model_name)
@@ -586,6 +596,10 @@ async def run_levels(
         if slo is not None:
             slo.check(workload.family, stream)
         workload.validate(model, options)
+        if endpoint.protocol == "openai":  # what fields the server takes is known only by asking it
+            from .openai_api import PROBE_ROW
+
+            await control.check_request(workload.make_request(PROBE_ROW, options, model), timeout_s=load.timeout_s)
         requests = [workload.make_request(row, options, model) for row in rows]
         plan = LevelPlan(load, None if make_rows is not None else len(rows))
         search = Search(load.find, load.values[0], lowest_rate=load.lowest_search_rate) if load.find else None
@@ -675,7 +689,7 @@ class _LevelRun:
     """What every level of a run needs: where the load goes and how it is measured and reported."""
 
     driver: LocalDriver | WorkerPool
-    control: ControlClient
+    control: ControlClient | OpenAIControl
     endpoint: Endpoint
     family: str
     stream: bool

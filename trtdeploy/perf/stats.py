@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .control import ControlClient, fetch_metrics
+from .control import fetch_metrics
+
+if TYPE_CHECKING:
+    from .control import ControlClient
+    from .openai_api import OpenAIControl
 
 #: Statistics of ``/v2/models/stats`` kept per model: each has a count and a total duration in ns.
 _DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
@@ -57,7 +61,7 @@ def parse_prometheus(text: str) -> tuple[dict[str, float], dict[str, str]]:
     return values, types
 
 
-async def snapshot(control: ControlClient, metrics_url: str | None) -> Snapshot:
+async def snapshot(control: ControlClient | OpenAIControl, metrics_url: str | None) -> Snapshot:
     """The server's counters now (raises when the statistics cannot be read; metrics are optional)."""
     models = _model_counters(await control.statistics())
     text = await fetch_metrics(metrics_url) if metrics_url else None

@@ -1,4 +1,5 @@
-"""How requests reach Triton: gRPC (offline ``ModelInfer``, streaming ``ModelStreamInfer``) and HTTP (offline).
+"""How requests reach Triton: gRPC (offline ``ModelInfer``, streaming ``ModelStreamInfer``) and HTTP (offline); and
+(:mod:`trtdeploy.perf.openai_api`) an OpenAI-compatible server.
 
 Everything a request needs is encoded before the load starts. On the hot path a gRPC request is one pre-serialized
 protobuf (``bytes``) handed to a grpc.aio call whose serializers are the identity, and each response is kept as it
@@ -387,5 +388,11 @@ class HttpTransport(Transport):
 
 
 def make_transport(protocol: Protocol, url: str, model_name: str, *, timeout_s: float) -> Transport:
-    cls = GrpcTransport if protocol == "grpc" else HttpTransport
+    cls: type[Transport]
+    if protocol == "openai":
+        from .openai_api import OpenAITransport
+
+        cls = OpenAITransport
+    else:
+        cls = GrpcTransport if protocol == "grpc" else HttpTransport
     return cls(url, model_name, timeout_s=timeout_s)

@@ -21,8 +21,12 @@ from .perf import perf, perf_settings
 
 #: ``build`` options a sweep does not take: what it decides itself (every point is listed, failed ones too).
 BUILD_OPTIONS_LEFT_OUT = ("model", "dry_run", "skip_invalid", "json")
-#: ``perf`` options a sweep does not take: the sweep serves each point itself and names its runs' folders.
-PERF_OPTIONS_LEFT_OUT = ("deployment", "url", "metrics_url", "model", "output_dir", "json")
+#: ``perf`` options a sweep does not take (they keep perf's defaults): the sweep serves each point itself on
+#: Triton and names its runs' folders.
+PERF_OPTIONS_LEFT_OUT = (
+    *("deployment", "url", "metrics_url", "model", "output_dir", "json"),
+    *("endpoint", "api", "tokenizer", "extra_body"),
+)
 #: ``build``'s --output-dir (the deployments' root) is --deployments-dir here: --output-dir is the sweep's folder.
 RENAMED = {"output_dir": ("deployments_dir", "--deployments-dir")}
 
@@ -56,8 +60,7 @@ def sweep(
 
     build_options = {name: options[name] for name in _parameters(build) if name in options}
     build_options.update(model=model, output_dir=options["deployments_dir"])
-    perf_options = {name: options[name] for name in _parameters(perf) if name in options}
-    perf_options.update(deployment=None, url=None, metrics_url=None, model=None, output_dir=None)
+    perf_options = {name: options.get(name, param.default) for name, param in _parameters(perf).items()}
     settings = SweepSettings(
         points=tuple(matrix_requests(build_options)),
         perf=perf_settings(perf_options),

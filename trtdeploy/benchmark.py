@@ -178,9 +178,10 @@ def apply_limits(settings: PerfSettings, deployment: Deployment | None, workload
     ``max_output_len`` of its build), after refusing explicit lengths beyond them; without a deployment (an
     OpenAI-compatible server), with the defaults as they are (the server refuses what it cannot take).
 
-    Default prompt length of synthetic inputs: min(DEFAULT_ISL, max_input_len). Default output length of an LLM
-    workload: ``--osl`` of the synthetic inputs if given, else min(the workload's own default, else DEFAULT_OSL,
-    max_output_len).
+    Default prompt length of synthetic inputs: min(DEFAULT_ISL, max_input_len) (less a shared prefix's length).
+    Default output length of an LLM workload: ``--osl`` of the synthetic inputs if given, else min(the workload's
+    own default, else DEFAULT_OSL, max_output_len). A trace's lengths are clipped to the limits instead (see
+    :meth:`~trtdeploy.perf.trace.Trace.layouts`).
     """
     inputs, options = settings.inputs, settings.options
     if deployment is None:
@@ -191,10 +192,18 @@ def apply_limits(settings: PerfSettings, deployment: Deployment | None, workload
         return replace(settings, inputs=inputs, options=options)
     point = deployment.point
     max_in, max_out = int(point.max_input_len), int(point.max_output_len)
-    if inputs.isl is not None and inputs.isl > max_in:
+    prefix = inputs.prefix_len or 0
+    if prefix >= max_in:
         raise UsageError(
-            f"--isl {inputs.isl} is more than this deployment's max_input_len {max_in}",
-            hint=f"pass --isl {max_in} or less, or build the deployment with a larger --max-input-len",
+            f"--prefix-len {prefix} leaves no room for a prompt's own tokens in this deployment's max_input_len "
+            f"{max_in}",
+            hint=f"pass --prefix-len {max_in - 1} or less",
+        )
+    if inputs.isl is not None and inputs.isl + prefix > max_in:
+        shared = f" after a --prefix-len {prefix}" if prefix else ""
+        raise UsageError(
+            f"--isl {inputs.isl}{shared} is more than this deployment's max_input_len {max_in}",
+            hint=f"pass --isl {max_in - prefix} or less, or build the deployment with a larger --max-input-len",
         )
     for osl in sorted({inputs.osl, options.max_tokens} - {None}):
         if osl > max_out:
@@ -203,13 +212,40 @@ def apply_limits(settings: PerfSettings, deployment: Deployment | None, workload
                 hint=f"pass --osl {max_out} or less, or build the deployment with a larger --max-output-len",
             )
     if inputs.synthetic and inputs.isl is None:
-        inputs = replace(inputs, isl=min(DEFAULT_ISL, max_in))
+        inputs = replace(inputs, isl=min(DEFAULT_ISL, max_in - prefix))
     inputs = replace(inputs, caps=(max_in, max_out))
     if workload.family == "llm" and options.max_tokens is None:
         own = getattr(workload, "max_tokens", None)
         default = min(own if isinstance(own, int) else DEFAULT_OSL, max_out)
         options = replace(options, max_tokens=inputs.osl or default)
     return replace(settings, inputs=inputs, options=options)
+
+
+def lengths_from_references(
+    rows: list[InputRow], workload: Workload, deployment: Deployment | None, warn: Callable[[str], None]
+) -> list[InputRow]:
+    """``rows`` asking each for as many tokens as its reference output has (``--osl-from-reference``), counted
+    with the workload's tokenizer: at least one, at most the deployment's max_output_len when there is a
+    deployment (``warn`` says how many references are longer)."""
+    max_out = int(deployment.point.max_output_len) if deployment is not None else None
+    fitted, longer = [], 0
+    for number, row in enumerate(rows, start=1):
+        if not isinstance(row.reference, str):
+            raise UsageError(
+                f"input row {number} has no reference output to take its output length from",
+                hint='give every row one (an "output" in --input-data, --reference-column of --dataset), or '
+                "leave out --osl-from-reference",
+            )
+        tokens = max(workload.count_text_tokens(row.reference), 1)
+        if max_out is not None and tokens > max_out:
+            longer, tokens = longer + 1, max_out
+        fitted.append(replace(row, max_tokens=tokens))
+    if longer:
+        warn(
+            f"{longer} of the {len(rows)} reference outputs are longer than this deployment's max_output_len "
+            f"{max_out}: their requests ask for {max_out} tokens"
+        )
+    return fitted
 
 
 def check_row_lengths(rows: list[InputRow], deployment: Deployment) -> None:
@@ -386,6 +422,14 @@ def benchmark(
         raise UsageError("--isl sets the prompt length of LLM workloads; speech inputs have no token length")
     if workload.family != "llm" and (settings.inputs.isl_stddev or settings.inputs.osl_stddev):
         raise UsageError("--isl-stddev and --osl-stddev vary the lengths of LLM prompts and answers only")
+    token_inputs = {
+        "--shared-prefixes": settings.inputs.shared_prefixes,
+        "--osl-from-reference": settings.inputs.osl_from_reference,
+        "--trace": settings.inputs.trace,
+    }
+    given = [flag for flag, value in token_inputs.items() if value]
+    if workload.family != "llm" and given:
+        raise UsageError(f"{given[0]} makes LLM requests (token counts); {workload.model_name!r} is not an LLM")
     if settings.slo is not None:
         settings.slo.check(workload.family, settings.stream)  # before the server: the workload's keys
     if asr is not None and workload.family != "tts":
@@ -406,10 +450,14 @@ def benchmark(
     }
     try:
         inputs = settings.inputs
-        rows = [] if inputs.synthetic else inputs.load(workload)
+        rows = [] if inputs.generated else inputs.load(workload)
+        if inputs.osl_from_reference:
+            rows = lengths_from_references(rows, workload, deployment, warn)
         if deployment is not None:
             check_row_lengths(rows, deployment)
-        make_rows = partial(inputs.synthetic_rows, workload, seed=settings.load.seed) if inputs.synthetic else None
+        if inputs.trace is not None and inputs.caps is not None and any(inputs.trace.clipped(inputs.caps)):
+            warn(f"the lengths beyond this deployment's limits are clipped to them: {inputs.describe()}")
+        make_rows = partial(inputs.synthetic_rows, workload, seed=settings.load.seed) if inputs.generated else None
         run = asyncio.run(
             run_levels(
                 workload,

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -232,5 +233,77 @@ def test_drawn_prompts_keep_a_token_beyond_what_the_chat_template_adds(tmp_path)
     ],
 )
 def test_length_spreads_are_checked(kwargs, message):
+    with pytest.raises(UsageError, match=message):
+        InputSpec(**kwargs)
+
+
+def chat_workload(folder: Path) -> TextLLMWorkload:
+    """A text workload whose tokenizer has Qwen's chat template: the model sees the template's tokens before and
+    after every prompt."""
+    from trtdeploy.checkpoints import write_bpe_tokenizer
+
+    write_bpe_tokenizer(folder)
+    return TextLLMWorkload("ensemble", folder, chat_template=True)
+
+
+@pytest.fixture(params=["plain", "chat"])
+def llm_workload(request, tiny_tokenizer, tmp_path):
+    """A token-contract workload over the tiny tokenizer (which adds nothing to a prompt), or a chat one."""
+    return TokenLLMWorkload("tensorrt_llm", tiny_tokenizer) if request.param == "plain" else chat_workload(tmp_path)
+
+
+def test_shared_prefix_prompts_share_their_first_tokens_within_a_group(llm_workload):
+    """Row i starts with prefix i mod 3: the first prefix_len tokens the model sees (those the deployment puts
+    before the prompt, then the prefix's) are its group's; the rest is its own; every prompt is prefix + isl."""
+    spec = InputSpec(isl=24, osl=5, shared_prefixes=3, prefix_len=16, caps=(1000, 1000))
+    rows = spec.synthetic_rows(llm_workload, 0, 12, seed=2)
+    ids = [llm_workload.prompt_ids(row.input) for row in rows]
+    assert {len(prompt) for prompt in ids} == {16 + 24} and {row.max_tokens for row in rows} == {5}
+    for group in range(3):
+        members = ids[group::3]
+        assert len({tuple(prompt[:16]) for prompt in members}) == 1
+        assert len({tuple(prompt[16:]) for prompt in members}) == len(members)
+    assert len({tuple(prompt[:16]) for prompt in ids[:3]}) == 3  # three different prefixes
+    in_blocks = spec.synthetic_rows(llm_workload, 0, 5, seed=2) + spec.synthetic_rows(llm_workload, 5, 7, seed=2)
+    assert in_blocks == rows  # made as the levels need them: the same rows
+    assert spec.synthetic_rows(llm_workload, 0, 12, seed=3) != rows
+    assert spec.describe() == "synthetic isl=24, 3 shared prefixes of 16 tokens before them"
+
+
+def test_a_shared_prefix_leaves_a_token_of_the_prompts_own(tmp_path):
+    """--isl counts what the deployment adds (16 template tokens here): a prompt needs one more of its own."""
+    workload = chat_workload(tmp_path)
+    overhead = len(workload.prompt_ids(""))
+    spec = InputSpec(isl=overhead, osl=5, shared_prefixes=2, prefix_len=8, caps=(1000, 1000))
+    with pytest.raises(UsageError, match=f"adds {overhead} tokens to every prompt") as caught:
+        spec.synthetic_rows(workload, 0, 2, seed=0)
+    assert overhead > 1 and caught.value.hint == f"pass --isl {overhead + 1} or more"
+    rows = replace(spec, isl=overhead + 1).synthetic_rows(workload, 0, 2, seed=0)
+    assert [len(workload.prompt_ids(row.input)) for row in rows] == [8 + overhead + 1] * 2
+
+
+def test_speech_workloads_have_no_prompts_of_blocks():
+    from trtdeploy.perf.tts import TTSWorkload
+
+    spec = InputSpec(isl=8, shared_prefixes=2, prefix_len=4)
+    workload = TTSWorkload("spark_tts", decoupled=True, sample_rate=16000, tokens_per_second=50)
+    with pytest.raises(UsageError, match="the TTSWorkload workload has no prompts of token blocks"):
+        spec.synthetic_rows(workload, 0, 2, seed=0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"shared_prefixes": 2}, "--shared-prefixes N and --prefix-len P go together"),
+        ({"prefix_len": 8}, "--shared-prefixes N and --prefix-len P go together"),
+        ({"shared_prefixes": -1, "prefix_len": 8}, "--shared-prefixes must be >= 0"),
+        ({"shared_prefixes": 2, "prefix_len": 0}, "--prefix-len must be >= 1, got 0"),
+        ({"shared_prefixes": 2, "prefix_len": 8, "dataset": "some/data"}, "--shared-prefixes makes synthetic"),
+        ({"shared_prefixes": 2, "prefix_len": 8, "isl_stddev": 4.0}, "--isl-stddev varies plain synthetic prompts"),
+        ({"osl_from_reference": True}, "--osl-from-reference takes the output lengths from the references"),
+        ({"osl_from_reference": True, "dataset": "d", "osl": 5}, "--osl-from-reference sets each request's output"),
+    ],
+)
+def test_prefix_and_reference_options_are_checked(kwargs, message):
     with pytest.raises(UsageError, match=message):
         InputSpec(**kwargs)

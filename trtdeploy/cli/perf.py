@@ -211,6 +211,44 @@ def perf(
             "to 1..max_output_len)."
         ),
     ] = 0.0,
+    osl_from_reference: Annotated[
+        bool,
+        typer.Option(
+            "--osl-from-reference",
+            help="LLMs, with --input-data or --dataset: each request asks for as many tokens as its row's reference "
+            "output has (counted with the deployment's tokenizer; at least 1, at most max_output_len), with "
+            "--ignore-eos so that it gets them. A row without a reference is refused.",
+        ),
+    ] = False,
+    shared_prefixes: Annotated[
+        int,
+        typer.Option(
+            help="Synthetic LLM prompts that share prefixes, to measure KV-cache reuse: N prefixes of --prefix-len "
+            "tokens, request i starting with prefix i mod N, then --isl tokens of its own (those the deployment "
+            "adds, such as BOS or the chat template, counted in them)."
+        ),
+    ] = 0,
+    prefix_len: Annotated[
+        int | None,
+        typer.Option(help="--shared-prefixes: the tokens of each prefix (the model sees --prefix-len + --isl)."),
+    ] = None,
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            help="Replay a trace in the format of the public Mooncake traces: a jsonl of {timestamp (ms), "
+            "input_length, output_length, hash_ids} per request. One open-loop level sends each request at its "
+            "time after the first (with --num-requests or --duration, the first ones), with a prompt of its "
+            "length made of the blocks its hash_ids name (requests naming a block share it) and its output length "
+            "(with --ignore-eos); lengths beyond the deployment's limits are clipped to them."
+        ),
+    ] = None,
+    trace_speedup: Annotated[
+        float, typer.Option(help="--trace: replay this many times faster (2: every gap halved).")
+    ] = 1.0,
+    trace_block_size: Annotated[
+        int | None,
+        typer.Option(help="--trace: the tokens of a block of hash_ids (default 512, as in the Mooncake traces)."),
+    ] = None,
     ignore_eos: Annotated[
         bool,
         typer.Option(
@@ -326,6 +364,7 @@ def perf_settings(options: Mapping[str, Any]) -> PerfSettings:
     from ..benchmark import PerfSettings, resolve_asr
     from ..perf.runner import InputSpec, LoadSettings
     from ..perf.slo import Slo
+    from ..perf.trace import Trace
     from ..perf.workload import RequestOptions
 
     o = options
@@ -349,6 +388,16 @@ def perf_settings(options: Mapping[str, Any]) -> PerfSettings:
         raise UsageError("--attainment is the share of requests that must meet --slo", hint="pass --slo too")
     if not 0.0 <= o["max_error_rate"] <= 1.0:
         raise UsageError(f"--max-error-rate must be between 0 and 1, got {o['max_error_rate']:g}", hint="e.g. 0.01")
+    trace = None
+    if o["trace"] is not None:
+        if o["concurrency"] is not None or o["request_rate"] is not None:
+            raise UsageError(
+                "--trace sends its requests at the trace's times, as one open-loop level",
+                hint="leave out --concurrency and --request-rate",
+            )
+        trace = Trace.load(o["trace"], speedup=o["trace_speedup"], block_size=o["trace_block_size"])
+    elif o["trace_speedup"] != 1.0 or o["trace_block_size"] is not None:
+        raise UsageError("--trace-speedup and --trace-block-size go with --trace")
     return PerfSettings(
         deployment=o["deployment"],
         url=o["url"],
@@ -374,6 +423,7 @@ def perf_settings(options: Mapping[str, Any]) -> PerfSettings:
             max_concurrency=o["max_concurrency"],
             duration_s=o["duration"],
             find=o["find"],
+            schedule_ns=trace.schedule_ns() if trace is not None else (),
         ),
         inputs=InputSpec(
             input_data=o["input_data"],
@@ -385,10 +435,15 @@ def perf_settings(options: Mapping[str, Any]) -> PerfSettings:
             osl=o["osl"],
             isl_stddev=o["isl_stddev"],
             osl_stddev=o["osl_stddev"],
+            shared_prefixes=o["shared_prefixes"],
+            prefix_len=o["prefix_len"],
+            osl_from_reference=o["osl_from_reference"],
+            trace=trace,
         ),
         options=RequestOptions(
             max_tokens=o["osl"],
-            ignore_eos=o["ignore_eos"],
+            # the lengths of the references and of a trace are those generated: past end-of-sequence if need be
+            ignore_eos=o["ignore_eos"] or o["osl_from_reference"] or trace is not None,
             temperature=o["temperature"],
             top_k=o["top_k"],
             top_p=o["top_p"],

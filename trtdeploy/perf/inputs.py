@@ -17,6 +17,12 @@ if TYPE_CHECKING:
 DEFAULT_COLUMNS = ("input", "text", "prompt", "question")
 #: Column read as the reference output when ``--reference-column`` is not given (if the dataset has it).
 DEFAULT_REFERENCE_COLUMN = "output"
+#: The random stream of the words of prompt blocks, kept apart from the streams of arrivals and drawn lengths
+#: (:data:`~trtdeploy.perf.loadgen.ARRIVAL_STREAM` and the next one) and from the synthetic prompts' ``(seed, row)``.
+BLOCK_STREAM = (1 << 40) + 2
+#: The kinds of prompt blocks (the first part of a block's key): a prompt's own words, a shared prefix, a block of a
+#: trace (keyed by its hash id).
+OWN_BLOCK, PREFIX_BLOCK, TRACE_BLOCK = 0, 1, 2
 _LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
@@ -263,3 +269,80 @@ def _exact_prompt(tokenizer: PreTrainedTokenizerBase, vocab: Any, length: int, r
             return text
         ids = encoded[:length] if len(encoded) > length else encoded + rng.choice(vocab, length - len(encoded)).tolist()
     raise UsageError(f"could not build a prompt of exactly {length} tokens with this tokenizer")
+
+
+@dataclass(frozen=True)
+class PromptLayout:
+    """A synthetic prompt made of blocks of random words, for prompts that share prefixes.
+
+    ``blocks`` are ``(key, words)`` pairs laid end to end after the tokens the deployment adds before every prompt
+    (BOS, the chat template's opening), cut where the prompt reaches ``length`` tokens as the model sees them. The
+    words of a block depend only on the run's seed and its key, so prompts whose blocks start with the same keys
+    share those tokens, as a prefix cache sees them. The first ``whole`` blocks must fit whole, followed by at least
+    one word of the rest (a shared prefix and the request's own part); otherwise a prompt too short for what the
+    deployment adds gets one word.
+    """
+
+    blocks: tuple[tuple[tuple[int, ...], int], ...]
+    length: int
+    max_tokens: int | None = None
+    whole: int = 0
+
+
+def word_vocabulary(tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    """Words that ``tokenizer`` makes one token of both at the start of a text and after a space: a text of such
+    words joined by spaces has one token per word, and no word's token depends on its neighbours (byte-level BPE
+    and SentencePiece split words at spaces before merging)."""
+    special = set(tokenizer.all_special_ids)
+    pieces = tokenizer.batch_decode([[i] for i in range(len(tokenizer)) if i not in special])
+    words = sorted({piece.strip() for piece in pieces if piece.strip().isascii() and piece.strip().isalpha()})
+    pairs = tokenizer([f"{word} {word}" for word in words], add_special_tokens=False)["input_ids"] if words else []
+    return [word for word, ids in zip(words, pairs, strict=True) if len(ids) == 2]
+
+
+class BlockPrompts:
+    """Builds the prompts of :class:`PromptLayout` for one deployment's tokenizer and prompt format."""
+
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, seed: int, prompt_ids: Callable[[str], list[int]] | None = None
+    ) -> None:
+        import numpy as np
+
+        self.encode = prompt_ids or (lambda text: tokenizer.encode(text, add_special_tokens=True))
+        self.seed = seed
+        self.words = np.array(word_vocabulary(tokenizer))
+        if self.words.size == 0:
+            raise UsageError("this tokenizer has no word of one token to build prompts with shared blocks from")
+        #: Tokens the deployment adds to every prompt.
+        self.overhead = len(self.encode(""))
+        if len(self.encode(str(self.words[0]))) != self.overhead + 1:
+            raise UsageError("this deployment's prompt format does not keep a one-token word as one token")
+
+    def _words(self, key: tuple[int, ...], count: int) -> list[str]:
+        import numpy as np
+
+        rng = np.random.default_rng([self.seed, BLOCK_STREAM, *key])
+        return self.words[rng.integers(0, self.words.size, count)].tolist()
+
+    def prompt(self, layout: PromptLayout) -> str:
+        """The prompt of ``layout``: exactly ``layout.length`` tokens as the model sees them (see
+        :class:`PromptLayout` for a length too short)."""
+        room = layout.length - self.overhead
+        fixed = sum(words for _, words in layout.blocks[: layout.whole])
+        if layout.whole and room <= fixed:
+            raise UsageError(
+                f"a prompt of {layout.length} tokens cannot hold its {fixed}-token shared prefix and one token of "
+                f"its own: this deployment adds {self.overhead} tokens to every prompt",
+                hint=f"pass --isl {self.overhead + 1} or more",
+            )
+        room = max(room, 1)
+        words: list[str] = []
+        for key, count in layout.blocks:
+            if len(words) + count > room:
+                words += self._words(key, count)[: room - len(words)]
+                break
+            words += self._words(key, count)
+        text = " ".join(words)
+        if len(self.encode(text)) != room + self.overhead:
+            raise UsageError(f"could not build a prompt of exactly {layout.length} tokens for this deployment")
+        return text

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     import numpy as np
     from transformers import PreTrainedTokenizerBase
 
+    from .inputs import BlockPrompts, PromptLayout
+
 
 def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     """The Hugging Face tokenizer in ``path``, from local files only."""
@@ -68,10 +70,11 @@ class _LLMWorkload(Workload):
         self.chat_template = chat_template
         self.add_special_tokens = add_special_tokens
         self._tokenizer: PreTrainedTokenizerBase | None = None
+        self._block_prompts: BlockPrompts | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_tokenizer"] = None
+        state["_tokenizer"] = state["_block_prompts"] = None
         return state
 
     @property
@@ -112,6 +115,14 @@ class _LLMWorkload(Workload):
         )
         lengths = [output_tokens] * count if output_tokens is None or isinstance(output_tokens, int) else output_tokens
         return [InputRow(input=prompt, max_tokens=length) for prompt, length in zip(prompts, lengths, strict=True)]
+
+    def layout_rows(self, layouts: Sequence[PromptLayout], *, seed: int) -> list[InputRow]:
+        from .inputs import BlockPrompts
+
+        if self._block_prompts is None or self._block_prompts.seed != seed:  # its vocabulary takes a while
+            self._block_prompts = BlockPrompts(self.tokenizer, seed, self.prompt_ids)
+        prompts = self._block_prompts
+        return [InputRow(input=prompts.prompt(layout), max_tokens=layout.max_tokens) for layout in layouts]
 
     def _validate_options(self, model: ModelInfo, options: RequestOptions) -> None:
         wanted = model.sampling_inputs(options)

@@ -152,6 +152,8 @@ class Level:
     #: Run for this many seconds (the measured phase): closed loop, the slots cycle through ``rows`` until then;
     #: open loop, ``rows`` are the arrivals due within it. None: send ``rows`` once.
     duration_s: float | None = None
+    #: A trace replay: when each measured request is due, in ns after the phase starts (instead of ``arrival``).
+    schedule_ns: tuple[int, ...] | None = None
 
     @property
     def num_requests(self) -> int:
@@ -183,12 +185,16 @@ class Level:
         items = self.items(warmup=warmup)
         timed = {} if warmup or self.duration_s is None else {"duration_ns": round(self.duration_s * 1e9)}
         if self.request_rate is not None:
-            offsets = arrival_offsets(
-                len(items),
-                self.request_rate,
-                arrival=self.arrival,
-                burstiness=self.burstiness,
-                seed=arrival_seed(seed, self.index, warmup),
+            offsets = (
+                list(self.schedule_ns)
+                if self.schedule_ns is not None and not warmup
+                else arrival_offsets(
+                    len(items),
+                    self.request_rate,
+                    arrival=self.arrival,
+                    burstiness=self.burstiness,
+                    seed=arrival_seed(seed, self.index, warmup),
+                )
             )
             # uncapped, the requests go round-robin; capped, each process caps its share, and gets the requests
             # in proportion to its share of the cap

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..errors import PerfError, ServerError, UsageError
 from .control import Protocol as Transport
 from .control import control_client, failure_reason, within
+from .inputs import OWN_BLOCK, PREFIX_BLOCK, PromptLayout
 from .loadgen import (
     ARRIVAL_STREAM,
     ARRIVALS,
@@ -35,6 +36,7 @@ from .records import Record
 from .search import FINDS, MAX_STEPS, Search, check_search
 from .slo import Slo
 from .stats import GaugeSampler, Snapshot, server_delta, snapshot
+from .trace import Trace
 from .workload import InputRow, ModelInfo, RequestOptions, Workload
 
 if TYPE_CHECKING:
@@ -132,6 +134,10 @@ class LoadSettings:
     With ``find`` (:data:`~trtdeploy.perf.search.FINDS`) the levels are not given but searched for, from the one
     concurrency or request rate given (:class:`~trtdeploy.perf.search.Search`); each level sends at least
     SYNTHETIC_MIN requests whatever the input (the rows' share with ``reuse_rows``).
+
+    With ``schedule_ns`` (a trace, ``--trace``) the run is one open-loop level that sends request ``i`` of the
+    trace (input row ``i``) ``schedule_ns[i]`` ns after the level starts: all of them, the first ``num_requests``, or
+    those due within ``duration_s`` (:attr:`replayed`); its request rate is theirs on average (:attr:`values`).
     """
 
     concurrency: tuple[int, ...] = (1,)
@@ -147,19 +153,20 @@ class LoadSettings:
     max_concurrency: int = 0
     duration_s: float | None = None
     find: str | None = None
+    schedule_ns: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise UsageError(f"--workers must be >= 1, got {self.workers}")
         if self.arrival not in ARRIVALS:
             raise UsageError(f"--arrival {self.arrival!r} is not one of {', '.join(ARRIVALS)}")
-        if self.arrival != "poisson" and not self.request_rates:
+        if self.arrival != "poisson" and not self.open_loop:
             raise UsageError(f"--arrival {self.arrival} spaces open-loop requests", hint="pass --request-rate too")
         if not 0 < self.burstiness < math.inf:
             raise UsageError(f"--burstiness must be > 0, got {self.burstiness:g}", hint="e.g. 0.5 (burstier)")
         if self.max_concurrency < 0:
             raise UsageError(f"--max-concurrency must be >= 0 (0: no cap), got {self.max_concurrency}")
-        if self.max_concurrency and not self.request_rates:
+        if self.max_concurrency and not self.open_loop:
             raise UsageError(
                 "--max-concurrency caps open-loop levels",
                 hint="pass --request-rate, or --concurrency for a closed loop",
@@ -180,6 +187,8 @@ class LoadSettings:
             raise UsageError(f"--num-requests must be >= 1, got {self.num_requests}")
         if self.duration_s is not None and not 0 < self.duration_s < math.inf:
             raise UsageError(f"--duration must be > 0 seconds, got {self.duration_s:g}", hint="e.g. --duration 60")
+        if self.schedule_ns:
+            self._check_replay()
         if self.find is not None:
             self._check_find(self.find)
         if self.duration_s is not None and self.num_requests is not None:
@@ -188,7 +197,7 @@ class LoadSettings:
                 hint="choose one",
             )
         if self.duration_s is not None and self.open_loop:
-            slowest = min(self.request_rates)
+            slowest = min(self.values)
             if slowest * self.duration_s < 1:
                 raise UsageError(
                     f"--duration {self.duration_s:g} s at --request-rate {slowest:g}/s expects no request at all",
@@ -198,6 +207,32 @@ class LoadSettings:
             raise UsageError(f"--warmup must be >= 0, got {self.warmup}")
         if self.timeout_s <= 0:
             raise UsageError(f"--timeout must be > 0, got {self.timeout_s:g}")
+
+    def _check_replay(self) -> None:
+        """A trace replay is one open-loop level at the trace's times, from its first request."""
+        if self.request_rates:
+            raise UsageError("--trace sends its requests at the trace's times", hint="leave out --request-rate")
+        if self.arrival != "poisson":
+            raise UsageError(f"--arrival {self.arrival} spaces requests of a --request-rate, not of a --trace")
+        if self.find is not None:
+            raise UsageError("--find searches for a level, and --trace replays one", hint="leave out --find")
+        if self.warmup:
+            raise UsageError("a --trace is replayed from its first request, without warmup", hint="leave out --warmup")
+        replayed = self.replayed
+        if len(replayed) < 2 or replayed[-1] == 0:
+            raise UsageError(
+                f"the {len(replayed)} requests of the trace that this run replays are all due at once: they have "
+                "no rate to replay",
+                hint="replay more of the trace (--num-requests, --duration), or use --concurrency",
+            )
+
+    @property
+    def replayed(self) -> tuple[int, ...]:
+        """The part of ``schedule_ns`` the run sends: the first ``num_requests``, or those due within
+        ``duration_s``, or all."""
+        if self.duration_s is not None:
+            return tuple(due for due in self.schedule_ns if due <= self.duration_s * 1e9)
+        return self.schedule_ns[: self.num_requests] if self.num_requests else self.schedule_ns
 
     def _check_find(self, find: str) -> None:
         if find not in FINDS:
@@ -226,7 +261,11 @@ class LoadSettings:
 
     @property
     def values(self) -> tuple[float, ...]:
-        """The levels asked for (with ``find``: the start): request rates (open loop), else concurrencies."""
+        """The levels asked for (with ``find``: the start): request rates (open loop; a trace's: its replayed
+        requests' mean rate), else concurrencies."""
+        if self.schedule_ns:
+            replayed = self.replayed
+            return ((len(replayed) - 1) / (replayed[-1] / 1e9),)
         return self.request_rates or self.concurrency
 
     @property
@@ -238,7 +277,7 @@ class LoadSettings:
 
     @property
     def open_loop(self) -> bool:
-        return bool(self.request_rates)
+        return bool(self.request_rates or self.schedule_ns)
 
     def warmup_of(self, value: float) -> int:
         """Warmup requests of the level at ``value``."""
@@ -262,7 +301,10 @@ class LoadSettings:
         """Measured requests of level ``index`` at ``value``: ``num_requests``; for a duration, the arrivals due
         within it (open loop); else the larger of its floor (4 x the concurrency, 10 s of arrivals) and ``share``
         (in closed loop for a duration: the requests its slots cycle through). A searched level takes the largest
-        of the floor, ``share`` and ``num_requests``: fewer requests than slots would not load it as its value says."""
+        of the floor, ``share`` and ``num_requests``: fewer requests than slots would not load it as its value says.
+        A trace's level: the requests it replays."""
+        if self.schedule_ns:
+            return len(self.replayed)
         if self.open_loop and self.duration_s is not None:
             seed = arrival_seed(self.seed, index, warmup=False)
             return arrivals_within(self.duration_s, value, arrival=self.arrival, burstiness=self.burstiness, seed=seed)
@@ -319,9 +361,10 @@ class LevelPlan:
         kind = (
             {
                 "request_rate": value,
-                "arrival": load.arrival,
+                "arrival": "trace" if load.schedule_ns else load.arrival,
                 "burstiness": load.burstiness,
                 "max_concurrency": load.max_concurrency,
+                "schedule_ns": load.replayed if load.schedule_ns else None,
             }
             if load.open_loop
             else {"concurrency": int(value)}
@@ -345,7 +388,8 @@ class Endpoint:
 
 @dataclass(frozen=True)
 class InputSpec:
-    """Where input rows come from: a file (--input-data), a dataset, or synthetic inputs (the default)."""
+    """Where input rows come from: a file (--input-data), a dataset, a trace (--trace), or synthetic inputs (the
+    default)."""
 
     input_data: Path | None = None
     dataset: str | None = None
@@ -358,17 +402,24 @@ class InputSpec:
     #: ``isl``/``osl`` with these standard deviations (0: every row the same), rounded and clipped to 1..``caps``.
     isl_stddev: float = 0.0
     osl_stddev: float = 0.0
+    #: Synthetic LLM inputs: every prompt starts with one of ``shared_prefixes`` prefixes of ``prefix_len`` tokens
+    #: (row ``i`` with prefix ``i mod shared_prefixes``), followed by ``isl`` tokens of its own (0: no prefixes).
+    shared_prefixes: int = 0
+    prefix_len: int | None = None
+    #: Input file or dataset: each row asks for as many tokens as its reference output has (the run counts them).
+    osl_from_reference: bool = False
+    #: A trace to replay: its requests' prompts and output lengths (their times are the load's ``schedule_ns``).
+    trace: Trace | None = None
     #: The deployment's (max_input_len, max_output_len), which drawn lengths do not pass (set by the run).
     caps: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
-        given = [
-            name
-            for name, value in (("--input-data", self.input_data), ("--dataset", self.dataset), ("--isl", self.isl))
-            if value is not None
-        ]
+        sources = (("--input-data", self.input_data), ("--dataset", self.dataset), ("--trace", self.trace))
+        given = [name for name, value in (*sources, ("--isl", self.isl)) if value is not None]
         if len(given) > 1:
             raise UsageError(f"{' and '.join(given)} are exclusive: choose one input")
+        if self.trace is not None and self.osl is not None:
+            raise UsageError("--trace gives each request's output length", hint="leave out --osl")
         if self.dataset is None and (self.split or self.column or self.reference_column):
             raise UsageError("--split, --column and --reference-column go with --dataset")
         for name, value in (("--isl", self.isl), ("--osl", self.osl)):
@@ -381,23 +432,58 @@ class InputSpec:
             raise UsageError("--isl-stddev and --osl-stddev vary synthetic prompts", hint="leave out the input data")
         if self.osl_stddev and self.osl is None:
             raise UsageError("--osl-stddev varies the output length around --osl", hint="pass --osl too")
+        self._check_prefixes()
+        if self.osl_from_reference and self.generated:
+            raise UsageError(
+                "--osl-from-reference takes the output lengths from the references of --input-data or --dataset",
+                hint="pass one of them",
+            )
+        if self.osl_from_reference and self.osl is not None:
+            raise UsageError("--osl-from-reference sets each request's output length", hint="leave out --osl")
+
+    def _check_prefixes(self) -> None:
+        if self.shared_prefixes < 0:
+            raise UsageError(f"--shared-prefixes must be >= 0 (0: none), got {self.shared_prefixes}")
+        if bool(self.shared_prefixes) != (self.prefix_len is not None):
+            raise UsageError("--shared-prefixes N and --prefix-len P go together", hint="pass both, or neither")
+        if self.prefix_len is not None and self.prefix_len < 1:
+            raise UsageError(f"--prefix-len must be >= 1, got {self.prefix_len}")
+        if self.shared_prefixes and not self.synthetic:
+            raise UsageError("--shared-prefixes makes synthetic prompts", hint="leave out the input data or trace")
+        if self.shared_prefixes and self.isl_stddev:
+            raise UsageError("--isl-stddev varies plain synthetic prompts", hint="leave it out with --shared-prefixes")
 
     @property
     def synthetic(self) -> bool:
+        """Synthetic prompts (``--isl``, ``--shared-prefixes``), made as the levels need them."""
+        return self.input_data is None and self.dataset is None and self.trace is None
+
+    @property
+    def generated(self) -> bool:
+        """Whether the run makes its rows as the levels need them (:meth:`synthetic_rows`): synthetic or a
+        trace's."""
         return self.input_data is None and self.dataset is None
 
     def describe(self, family: str = "llm") -> str:
+        lengths = " (output lengths from the references)" if self.osl_from_reference else ""
         if self.input_data is not None:
-            return str(self.input_data)
+            return f"{self.input_data}{lengths}"
         if self.dataset is not None:
-            return self.dataset + (f" [{self.split}]" if self.split else "")
+            return self.dataset + (f" [{self.split}]" if self.split else "") + lengths
+        if self.trace is not None:
+            return self.trace.describe(self.caps)
         if family == "asr":
             return "synthetic speech (no reference transcripts: no WER/CER)"
         if family == "tts":
             return "synthetic voices and sentences"
         spread = f"±{self.isl_stddev:g}" if self.isl_stddev else ""
         outputs = f", osl={self.osl}±{self.osl_stddev:g}" if self.osl_stddev else ""
-        return f"synthetic isl={self.isl or DEFAULT_ISL}{spread}{outputs}"
+        prefixes = (
+            f", {self.shared_prefixes} shared prefixes of {self.prefix_len} tokens before them"
+            if self.shared_prefixes
+            else ""
+        )
+        return f"synthetic isl={self.isl or DEFAULT_ISL}{spread}{outputs}{prefixes}"
 
     def load(self, workload: Workload) -> list[InputRow]:
         """The rows of the input file or dataset (synthetic rows are made as the levels need them:
@@ -410,17 +496,36 @@ class InputSpec:
         )
 
     def synthetic_rows(self, workload: Workload, start: int, count: int, *, seed: int) -> list[InputRow]:
-        """Synthetic rows ``start .. start + count - 1`` of a run seeded ``seed``, with their drawn lengths."""
+        """Rows ``start .. start + count - 1`` of a run seeded ``seed`` that makes its rows (:attr:`generated`): a
+        trace's, or synthetic with their drawn lengths and shared prefixes."""
         caps = self.caps or (math.inf, math.inf)
+        if self.trace is not None:
+            return workload.layout_rows(self.trace.layouts(start, count, caps), seed=seed)
         isl = self.isl or DEFAULT_ISL
+        osl = (
+            _drawn(self.osl, self.osl_stddev, start, count, caps[1], (seed, LENGTH_STREAM, 1))
+            if self.osl_stddev and self.osl is not None
+            else self.osl
+        )
+        if self.shared_prefixes:
+            assert self.prefix_len is not None
+            outputs = osl if isinstance(osl, list) else [osl] * count
+            layouts = [
+                PromptLayout(
+                    (((PREFIX_BLOCK, index % self.shared_prefixes), self.prefix_len), ((OWN_BLOCK, index), isl)),
+                    self.prefix_len + isl,
+                    max_tokens,
+                    whole=1,
+                )
+                for index, max_tokens in enumerate(outputs, start=start)
+            ]
+            return workload.layout_rows(layouts, seed=seed)
         return workload.synthetic_rows(
             count,
             input_tokens=_drawn(isl, self.isl_stddev, start, count, caps[0], (seed, LENGTH_STREAM, 0))
             if self.isl_stddev
             else isl,
-            output_tokens=_drawn(self.osl, self.osl_stddev, start, count, caps[1], (seed, LENGTH_STREAM, 1))
-            if self.osl_stddev and self.osl is not None
-            else self.osl,
+            output_tokens=osl,
             seed=seed,
             start=start,
         )
@@ -621,8 +726,12 @@ async def run_levels(
             "url": endpoint.url,
             "input_rows": None if make_rows is not None else len(rows),
             "input_reuse": "repeat" if load.reuse_rows else "fresh",
-            "arrival": {"process": load.arrival, "burstiness": load.burstiness, "max_concurrency": load.max_concurrency}
-            if load.request_rates
+            "arrival": {
+                "process": "trace" if load.schedule_ns else load.arrival,
+                "burstiness": load.burstiness,
+                "max_concurrency": load.max_concurrency,
+            }
+            if load.open_loop
             else None,
             "options": asdict(options),
             "slo": slo.to_dict() if slo is not None else None,

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from ..errors import UsageError
-from .inputs import InputRow, load_dataset_rows, load_jsonl
+from .inputs import InputRow, PromptLayout, load_dataset_rows, load_jsonl
 
 if TYPE_CHECKING:
     import numpy as np
@@ -279,6 +279,12 @@ class Workload(ABC):
         that a run can make its rows a level at a time and get the ones it would have got at once.
         """
         raise UsageError(f"the {type(self).__name__} workload has no synthetic inputs (--isl/--osl)")
+
+    def layout_rows(self, layouts: Sequence[PromptLayout], *, seed: int) -> list[InputRow]:
+        """One row per :class:`~trtdeploy.perf.inputs.PromptLayout`: a prompt of blocks of random words that prompts
+        naming the same blocks share (``--shared-prefixes``, ``--trace``), asking for the layout's ``max_tokens``.
+        The words depend only on ``seed`` and the blocks' keys, so rows can be made a few at a time."""
+        raise UsageError(f"the {type(self).__name__} workload has no prompts of token blocks (LLM workloads do)")
 
     def retarget(self, model_name: str) -> Workload:
         """A copy of this workload aimed at another Triton model that speaks the same tensor contract."""

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from trtdeploy.errors import UsageError
 from trtdeploy.perf.llm import load_tokenizer
 from trtdeploy.perf.loadgen import arrival_offsets, arrival_seed, arrivals_within
 
@@ -165,3 +166,47 @@ def test_output_lengths_come_from_the_references(fake_server, make_deployment, t
     assert summary["input"] == f"{rows} (output lengths from the references)" and summary["options"]["ignore_eos"]
     requests.sort(key=lambda row: row["row"])
     assert [row["output_tokens"] for row in requests] == [min(count, 8) for count in counts]
+
+
+def test_reference_lengths_are_counted_and_fitted_to_the_deployment(make_deployment, tiny_tokenizer):
+    from trtdeploy.benchmark import lengths_from_references
+    from trtdeploy.deployment import Deployment
+    from trtdeploy.perf.llm import TokenLLMWorkload
+    from trtdeploy.perf.workload import InputRow
+
+    workload = TokenLLMWorkload("tensorrt_llm", tiny_tokenizer)
+    deployment = Deployment.load(make_deployment(max_output_len=8))
+    references = ["the fox", "", "triton serves large language models and speech models"]
+    warnings: list[str] = []
+    rows = lengths_from_references(
+        [InputRow(f"q{i}", ref) for i, ref in enumerate(references)], workload, deployment, warnings.append
+    )
+    counts = [workload.count_text_tokens(ref) for ref in references]
+    assert [row.max_tokens for row in rows] == [counts[0], 1, 8] and counts[2] > 8 and 0 < counts[0] <= 8
+    assert warnings == [
+        "1 of the 3 reference outputs are longer than this deployment's max_output_len 8: their "
+        "requests ask for 8 tokens"
+    ]
+    with pytest.raises(UsageError, match="input row 2 has no reference output to take its output length from"):
+        lengths_from_references([InputRow("a", "b"), InputRow("c")], workload, deployment, warnings.append)
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        ({"shared_prefixes": 2, "prefix_len": 12}, "--prefix-len 12 leaves no room for a prompt's own tokens"),
+        ({"shared_prefixes": 2, "prefix_len": 6, "isl": 7}, "--isl 7 after a --prefix-len 6 is more than this"),
+    ],
+)
+def test_a_shared_prefix_is_held_to_the_deployments_max_input_len(make_deployment, tiny_tokenizer, inputs, message):
+    from trtdeploy.benchmark import PerfSettings, apply_limits
+    from trtdeploy.deployment import Deployment
+    from trtdeploy.perf.llm import TokenLLMWorkload
+    from trtdeploy.perf.runner import InputSpec
+
+    deployment = Deployment.load(make_deployment(max_input_len=12))
+    workload = TokenLLMWorkload("tensorrt_llm", tiny_tokenizer)
+    with pytest.raises(UsageError, match=message):
+        apply_limits(PerfSettings(inputs=InputSpec(**inputs)), deployment, workload)
+    fitted = apply_limits(PerfSettings(inputs=InputSpec(shared_prefixes=2, prefix_len=5)), deployment, workload)
+    assert fitted.inputs.isl == 12 - 5  # the default ISL, within what the prefix leaves

@@ -1,18 +1,15 @@
 """Triton's control plane, every call with a deadline: URL checks, liveness, model configuration and metadata,
 statistics, Prometheus metrics, and one-line reasons for failed calls. The load and the ASR scoring share it.
-(An OpenAI-compatible server's is :class:`~trtdeploy.perf.openai_api.OpenAIControl`: :func:`control_client`.)"""
+(An OpenAI-compatible server's is :class:`~trtdeploy.perf.openai_api.OpenAIControl`.)"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Mapping
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from ..errors import NotFoundError, ServerError, UsageError
 from .workload import ModelInfo, TensorSpec
-
-if TYPE_CHECKING:
-    from .openai_api import OpenAIControl
 
 #: How the load reaches the server: Triton's gRPC or HTTP endpoint, or an OpenAI-compatible server's HTTP API.
 Protocol = Literal["grpc", "http", "openai"]
@@ -208,18 +205,6 @@ class ControlClient:
         """Every model's inference statistics (``/v2/models/stats``) as JSON."""
         stats = await self._call(self._client.get_inference_statistics(headers=self.headers, **self._json))
         return list(stats.get("model_stats", []))
-
-
-def control_client(
-    protocol: Protocol, url: str, *, headers: Mapping[str, str] | None = None
-) -> ControlClient | OpenAIControl:
-    """The control client of the server at ``url``: a :class:`ControlClient` for Triton's ``protocol``, an
-    :class:`~trtdeploy.perf.openai_api.OpenAIControl` for ``openai`` (the same calls)."""
-    if protocol == "openai":
-        from .openai_api import OpenAIControl
-
-        return OpenAIControl(url)
-    return ControlClient(protocol, url, headers=headers)
 
 
 async def fetch_metrics(url: str, timeout_s: float = 5.0) -> str | None:

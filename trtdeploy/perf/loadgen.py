@@ -35,7 +35,7 @@ from typing import Any
 from ..errors import TrtDeployError
 from .control import Protocol, short, within
 from .records import Record
-from .transports import Caller, Transport, make_transport
+from .transports import Caller, GrpcTransport, HttpTransport, Transport
 from .workload import Request, Result, Workload
 
 #: Seconds between progress reports (and, from worker processes, batches of records).
@@ -729,3 +729,15 @@ class WorkerPool:
                 proc.join(timeout=5)
         for conn in self._conns:
             conn.close()
+
+
+def make_transport(protocol: Protocol, url: str, model_name: str, *, timeout_s: float) -> Transport:
+    """The transport of one client process: Triton's gRPC or HTTP, or an OpenAI-compatible server's HTTP API."""
+    cls: type[Transport]
+    if protocol == "openai":
+        from .openai_api import OpenAITransport
+
+        cls = OpenAITransport
+    else:
+        cls = GrpcTransport if protocol == "grpc" else HttpTransport
+    return cls(url, model_name, timeout_s=timeout_s)

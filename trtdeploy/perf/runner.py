@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import PerfError, ServerError, UsageError
+from .control import ControlClient, failure_reason, within
 from .control import Protocol as Transport
-from .control import control_client, failure_reason, within
 from .inputs import OWN_BLOCK, PREFIX_BLOCK, PromptLayout
 from .loadgen import (
     ARRIVAL_STREAM,
@@ -40,7 +40,6 @@ from .trace import Trace
 from .workload import InputRow, ModelInfo, RequestOptions, Workload
 
 if TYPE_CHECKING:
-    from .control import ControlClient
     from .openai_api import OpenAIControl
 
 #: Prompt length of the synthetic inputs used when no input is given (at most the deployment's max_input_len).
@@ -661,6 +660,16 @@ async def _snapshot(control: ControlClient | OpenAIControl, metrics_url: str | N
         return failure_reason(exc)
 
 
+def _control_client(endpoint: Endpoint) -> ControlClient | OpenAIControl:
+    """The control client of the server at ``endpoint``: Triton's for its protocol, or an OpenAI-compatible
+    server's (the same calls)."""
+    if endpoint.protocol == "openai":
+        from .openai_api import OpenAIControl
+
+        return OpenAIControl(endpoint.url)
+    return ControlClient(endpoint.protocol, endpoint.url, headers=endpoint.headers)
+
+
 async def run_levels(
     workload: Workload,
     rows: list[InputRow],
@@ -692,7 +701,7 @@ async def run_levels(
     collector = RunCollector() if observer is None else None
     observer = observer or collector
     assert observer is not None
-    control = control_client(endpoint.protocol, endpoint.url, headers=endpoint.headers)
+    control = _control_client(endpoint)
     try:
         await control.check_live()
         model = await control.model_info(workload.model_name)

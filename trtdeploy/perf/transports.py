@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from .control import Protocol, short
+from .control import short
 from .records import Record
 from .workload import Request
 
@@ -385,14 +385,3 @@ class HttpTransport(Transport):
 
     def decode(self, raw: Any) -> dict[str, np.ndarray]:
         return {output["name"]: raw.as_numpy(output["name"]) for output in raw.get_response().get("outputs", [])}
-
-
-def make_transport(protocol: Protocol, url: str, model_name: str, *, timeout_s: float) -> Transport:
-    cls: type[Transport]
-    if protocol == "openai":
-        from .openai_api import OpenAITransport
-
-        cls = OpenAITransport
-    else:
-        cls = GrpcTransport if protocol == "grpc" else HttpTransport
-    return cls(url, model_name, timeout_s=timeout_s)

@@ -394,6 +394,8 @@ class ASRWorkload(Workload):
     """
 
     family = "asr"
+    contract_inputs = ("TEXT_PREFIX", "WAV")
+    contract_outputs = ("TRANSCRIPTS",)
 
     def __init__(
         self, model_name: str, decoupled: bool, sample_rate: int = 16000, tokenizer_dir: str | Path | None = None
@@ -411,11 +413,7 @@ class ASRWorkload(Workload):
         return state
 
     def validate(self, model: ModelInfo, options: RequestOptions) -> None:
-        model.require_inputs("TEXT_PREFIX", "WAV")
-        if "TRANSCRIPTS" not in model.outputs:
-            raise UsageError(
-                f"model {model.name!r} has no output 'TRANSCRIPTS' (its outputs: {', '.join(model.outputs)})"
-            )
+        super().validate(model, options)
         model.require_inputs(*model.sampling_inputs(options))
         wanted = {"MAX_NEW_TOKENS": options.max_tokens is not None, "IGNORE_EOS": options.ignore_eos}
         missing = [name for name, asked in wanted.items() if asked and name not in model.inputs]

@@ -98,6 +98,7 @@ def model_info_from_config(config: dict[str, Any]) -> ModelInfo:
         outputs=_tensor_specs(config.get("output", [])),
         max_batch_size=int(config.get("max_batch_size", 0)),
         decoupled=bool(config.get("model_transaction_policy", {}).get("decoupled", False)),
+        parameters={key: str(value.get("string_value", "")) for key, value in config.get("parameters", {}).items()},
     )
 
 

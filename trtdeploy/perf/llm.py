@@ -163,12 +163,11 @@ class TextLLMWorkload(_LLMWorkload):
     ``tokenizer_dir``, the text; without them the text is re-tokenized with ``tokenizer_dir``).
     """
 
+    contract_inputs = ("text_input", "max_tokens")
+    contract_outputs = ("text_output",)
+
     def validate(self, model: ModelInfo, options: RequestOptions) -> None:
-        model.require_inputs("text_input", "max_tokens")
-        if "text_output" not in model.outputs:
-            raise UsageError(
-                f"model {model.name!r} has no output 'text_output' (its outputs: {', '.join(model.outputs)})"
-            )
+        super().validate(model, options)
         self._validate_options(model, options)
 
     def make_request(self, row: InputRow, options: RequestOptions, model: ModelInfo) -> Request:
@@ -224,12 +223,11 @@ class TokenLLMWorkload(_LLMWorkload):
     pre/post-processing.
     """
 
+    contract_inputs = ("input_ids", "input_lengths", "request_output_len")
+    contract_outputs = ("output_ids",)
+
     def validate(self, model: ModelInfo, options: RequestOptions) -> None:
-        model.require_inputs("input_ids", "input_lengths", "request_output_len")
-        if "output_ids" not in model.outputs:
-            raise UsageError(
-                f"model {model.name!r} has no output 'output_ids' (its outputs: {', '.join(model.outputs)})"
-            )
+        super().validate(model, options)
         self._validate_options(model, options)
         self.tokenizer  # noqa: B018 - fail before the load when there is no tokenizer
 

@@ -189,6 +189,8 @@ class TTSWorkload(Workload):
     """Speech synthesis through the reference-voice contract (see the module docstring)."""
 
     family = "tts"
+    contract_inputs = ("reference_wav", "reference_text", "target_text")
+    contract_outputs = ("waveform",)
 
     def __init__(
         self,
@@ -211,9 +213,7 @@ class TTSWorkload(Workload):
         self.chunk_overlap_samples = chunk_overlap_samples
 
     def validate(self, model: ModelInfo, options: RequestOptions) -> None:
-        model.require_inputs("reference_wav", "reference_text", "target_text")
-        if "waveform" not in model.outputs:
-            raise UsageError(f"model {model.name!r} has no output 'waveform' (its outputs: {', '.join(model.outputs)})")
+        super().validate(model, options)
         if options.ignore_eos:
             raise UsageError("--ignore-eos applies to LLM workloads", hint="cap the speech length with --osl")
         wanted = model.sampling_inputs(options)

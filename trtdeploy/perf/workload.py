@@ -65,6 +65,8 @@ class ModelInfo:
     outputs: Mapping[str, TensorSpec]
     max_batch_size: int = 0
     decoupled: bool = False
+    #: The string parameters of its configuration (``parameters { key: ... }``).
+    parameters: Mapping[str, str] = field(default_factory=dict)
 
     def shape(self, *dims: int) -> list[int]:
         """The full tensor shape of one request: ``dims`` with a leading batch dim of 1 when the model batches."""
@@ -108,6 +110,14 @@ class ModelInfo:
                 f"model {self.name!r} has no input {', '.join(repr(m) for m in missing)} "
                 f"(its inputs: {', '.join(self.inputs) or 'none'})",
                 hint="is --model the right Triton model for this workload?",
+            )
+
+    def require_outputs(self, *names: str) -> None:
+        """Raise UsageError naming the first of ``names`` the model does not return."""
+        missing = next((name for name in names if name not in self.outputs), None)
+        if missing is not None:
+            raise UsageError(
+                f"model {self.name!r} has no output {missing!r} (its outputs: {', '.join(self.outputs) or 'none'})"
             )
 
 
@@ -225,6 +235,9 @@ class Workload(ABC):
 
     #: The metric family of this workload.
     family: ClassVar[MetricFamily] = "llm"
+    #: The inputs and outputs every model of this workload's tensor contract has (:meth:`speaks`).
+    contract_inputs: ClassVar[tuple[str, ...]] = ()
+    contract_outputs: ClassVar[tuple[str, ...]] = ()
 
     #: The Triton model the requests go to.
     model_name: str
@@ -232,12 +245,19 @@ class Workload(ABC):
     #: model's configuration decides whether requests stream (``--stream``/``--no-stream`` must agree with it).
     decoupled: bool
 
+    @classmethod
+    def speaks(cls, model: ModelInfo) -> bool:
+        """Whether ``model`` has every input and output of this workload's tensor contract."""
+        return set(cls.contract_inputs) <= set(model.inputs) and set(cls.contract_outputs) <= set(model.outputs)
+
     def validate(self, model: ModelInfo, options: RequestOptions) -> None:
         """Check that the served model fits this workload and ``options``; raise UsageError if not.
 
-        Called once before any request is built. The default accepts anything.
+        Called once before any request is built. The default checks the tensor contract (UsageError naming what
+        the model lacks); workloads that check ``options`` too call it first.
         """
-        return None
+        model.require_inputs(*self.contract_inputs)
+        model.require_outputs(*self.contract_outputs)
 
     @abstractmethod
     def make_request(self, row: InputRow, options: RequestOptions, model: ModelInfo) -> Request:

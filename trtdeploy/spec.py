@@ -16,7 +16,7 @@ from .gpus import DEFAULT_MAX_NUM_TOKENS
 if TYPE_CHECKING:
     from .deployment import Deployment
     from .gpus import GpuProfile
-    from .perf.workload import Workload
+    from .perf.workload import ModelInfo, Workload
 
 Mode = Literal["offline", "streaming"]
 MODES: tuple[Mode, ...] = ("offline", "streaming")
@@ -234,6 +234,11 @@ class ModelSpec(ABC):
     def entry_model(self, mode: Mode) -> str:
         """The Triton model a client calls in this mode."""
 
+    def offline_model(self, mode: Mode) -> str | None:
+        """The model of a deployment in ``mode`` that answers in one response what the entry model streams, for
+        clients that cannot stream (Triton's HTTP endpoint); None: there is none."""
+        return None
+
     def triton_models(self, mode: Mode) -> tuple[str, ...] | None:
         """The template models a deployment in ``mode`` renders (besides the LLM); None: all of them."""
         return None
@@ -249,6 +254,24 @@ class ModelSpec(ABC):
     @abstractmethod
     def workload(self, deployment: Deployment) -> Workload:
         """The perf workload: how a dataset row becomes a request and a response becomes a result."""
+
+    def recognizes(self, model: ModelInfo) -> bool:
+        """Whether ``model``, a Triton model served where no deployment folder of it is at hand (``trtdeploy perf
+        --url HOST:PORT --model NAME``), is one this model's deployments serve to clients, told from its
+        configuration: its tensor names, and where another model shares that contract, its name or parameters.
+        perf asks every model and takes the one that recognizes it (none, or several: ``--workload`` must name one).
+        Default: no model is recognized."""
+        return False
+
+    def served_workload(self, model: ModelInfo, *, tokenizer_dir: Path | None) -> Workload:
+        """The perf workload for ``model`` served without a deployment folder here (one :meth:`recognizes`, or one
+        ``--workload`` names this model for): what :meth:`workload` makes of a deployment, made of the served
+        configuration (its name, ``decoupled``, its parameters) instead. ``tokenizer_dir``: ``--tokenizer``, a
+        local folder, when given. Default: UsageError (this model is benchmarked through its deployment only)."""
+        raise UsageError(
+            f"model {self.name!r} makes no perf workload without its deployment folder",
+            hint="run perf with the deployment folder (its plugin knows no served configuration)",
+        )
 
 
 def _coerce(key: str, text: str, annotation: Any) -> Any:

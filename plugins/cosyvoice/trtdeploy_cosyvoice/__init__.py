@@ -23,6 +23,7 @@ from .speaker import CAMPPLUS
 
 if TYPE_CHECKING:
     from trtdeploy.perf.tts import TTSWorkload
+    from trtdeploy.perf.workload import ModelInfo
 
 __version__ = "0.1.0"
 
@@ -160,12 +161,16 @@ class CosyVoice(ModelSpec):
     def entry_model(self, mode: Mode) -> str:
         return self.name
 
+    def offline_model(self, mode: Mode) -> str | None:
+        return f"{self.name}_offline" if mode == "streaming" else None
+
     def triton_models(self, mode: Mode) -> tuple[str, ...]:
         models = ["audio_tokenizer", "speaker_embedding", "reference_voice", "token2wav", self.name]
         if self.name == "cosyvoice3":
             models.append("vocoder")
-        if mode == "streaming":
-            models.append(f"{self.name}_offline")
+        offline = self.offline_model(mode)
+        if offline:
+            models.append(offline)
         return tuple(models)
 
     def template_context(self, ctx: BuildContext) -> dict[str, Any]:
@@ -258,14 +263,27 @@ class CosyVoice(ModelSpec):
         )
 
     def workload(self, deployment: Deployment) -> TTSWorkload:
+        return _workload(deployment.entry_model, deployment.decoupled)
+
+    def recognizes(self, model: ModelInfo) -> bool:
         from trtdeploy.perf.tts import TTSWorkload
 
-        return TTSWorkload(
-            model_name=deployment.entry_model,
-            decoupled=deployment.decoupled,
-            sample_rate=SAMPLE_RATE,
-            tokens_per_second=TOKENS_PER_SECOND,
-        )
+        # Spark-TTS speaks the same tensors: a CosyVoice model is told by the generation trtdeploy's configuration
+        # names, else by its name (the official runtime's: cosyvoice2, cosyvoice3, and their _offline twins)
+        generation = model.parameters.get("generation")
+        named = generation == self.name if generation else model.name.startswith(self.name)
+        return named and TTSWorkload.speaks(model)
+
+    def served_workload(self, model: ModelInfo, *, tokenizer_dir: Path | None) -> TTSWorkload:
+        return _workload(model.name, model.decoupled)
+
+
+def _workload(model_name: str, decoupled: bool) -> TTSWorkload:
+    from trtdeploy.perf.tts import TTSWorkload
+
+    return TTSWorkload(
+        model_name=model_name, decoupled=decoupled, sample_rate=SAMPLE_RATE, tokens_per_second=TOKENS_PER_SECOND
+    )
 
 
 @trtdeploy.hookimpl

@@ -20,6 +20,7 @@ from . import ensemble
 
 if TYPE_CHECKING:
     from trtdeploy.perf.llm import TextLLMWorkload
+    from trtdeploy.perf.workload import ModelInfo
 
 __version__ = "0.1.0"
 
@@ -100,6 +101,18 @@ class QwenLLM(ModelSpec):
             chat_template=bool(options.get("chat_template", False)),
             add_special_tokens=bool(options.get("add_special_tokens", True)),
         )
+
+    def recognizes(self, model: ModelInfo) -> bool:
+        from trtdeploy.perf.llm import TextLLMWorkload
+
+        return TextLLMWorkload.speaks(model)
+
+    def served_workload(self, model: ModelInfo, *, tokenizer_dir: Path | None) -> TextLLMWorkload:
+        from trtdeploy.perf.llm import TextLLMWorkload
+
+        # how the served preprocessing encodes prompts is not in the ensemble's configuration: the defaults of
+        # -o chat_template and -o add_special_tokens (plain encoding with the tokenizer's special tokens)
+        return TextLLMWorkload(model_name=model.name, tokenizer_dir=tokenizer_dir, decoupled=model.decoupled)
 
 
 @trtdeploy.hookimpl

@@ -20,6 +20,7 @@ from .streaming import STREAM_FORMATS
 
 if TYPE_CHECKING:
     from trtdeploy.perf.tts import TTSWorkload
+    from trtdeploy.perf.workload import ModelInfo
 
 __version__ = "0.1.0"
 
@@ -145,9 +146,13 @@ class SparkTTS(ModelSpec):
     def entry_model(self, mode: Mode) -> str:
         return "spark_tts"
 
+    def offline_model(self, mode: Mode) -> str | None:
+        return "spark_tts_offline" if mode == "streaming" else None
+
     def triton_models(self, mode: Mode) -> tuple[str, ...]:
         models = ("audio_tokenizer", "spark_tts", "vocoder")
-        return (*models, "spark_tts_offline") if mode == "streaming" else models
+        offline = self.offline_model(mode)
+        return (*models, offline) if offline else models
 
     def template_context(self, ctx: BuildContext) -> dict[str, Any]:
         options = dict(ctx.options)
@@ -221,18 +226,47 @@ class SparkTTS(ModelSpec):
         return lines
 
     def workload(self, deployment: Deployment) -> TTSWorkload:
-        from trtdeploy.perf.tts import TTSWorkload
-
         options = dict(deployment.point.options)
         # a deployment built before stream_format existed sends finished chunks
-        overlapped = deployment.decoupled and options.get("stream_format") == "overlapped"
-        return TTSWorkload(
-            model_name=deployment.entry_model,
-            decoupled=deployment.decoupled,
-            sample_rate=SAMPLE_RATE,
-            tokens_per_second=TOKENS_PER_SECOND,
-            chunk_overlap_samples=round(options["chunk_overlap_seconds"] * SAMPLE_RATE) if overlapped else 0,
+        return _workload(
+            deployment.entry_model, deployment.decoupled, options.get("stream_format"), options["chunk_overlap_seconds"]
         )
+
+    def recognizes(self, model: ModelInfo) -> bool:
+        from trtdeploy.perf.tts import TTSWorkload
+
+        # CosyVoice speaks the same tensors: Spark-TTS is told by its name (the official runtime's, and trtdeploy's
+        # spark_tts and spark_tts_offline) or by the stream settings trtdeploy's configuration holds
+        named = model.name.startswith(self.name) or "chunk_overlap_seconds" in model.parameters
+        return named and TTSWorkload.speaks(model)
+
+    def served_workload(self, model: ModelInfo, *, tokenizer_dir: Path | None) -> TTSWorkload:
+        # a server whose configuration does not say how it streams: as the defaults, the official wire format
+        defaults = SparkOptions()
+        overlap = model.parameters.get("chunk_overlap_seconds", str(defaults.chunk_overlap_seconds))
+        try:
+            overlap_seconds = float(overlap)
+        except ValueError:
+            raise UsageError(
+                f"model {model.name!r} has the parameter chunk_overlap_seconds {overlap!r}, not a number of seconds"
+            ) from None
+        stream_format = model.parameters.get("stream_format", defaults.stream_format)
+        return _workload(model.name, model.decoupled, stream_format, overlap_seconds)
+
+
+def _workload(model_name: str, decoupled: bool, stream_format: str | None, overlap_seconds: float) -> TTSWorkload:
+    """The TTS workload of a Spark-TTS model: streamed chunks overlap by ``overlap_seconds`` when the model streams
+    in the ``overlapped`` format."""
+    from trtdeploy.perf.tts import TTSWorkload
+
+    overlapped = decoupled and stream_format == "overlapped"
+    return TTSWorkload(
+        model_name=model_name,
+        decoupled=decoupled,
+        sample_rate=SAMPLE_RATE,
+        tokens_per_second=TOKENS_PER_SECOND,
+        chunk_overlap_samples=round(overlap_seconds * SAMPLE_RATE) if overlapped else 0,
+    )
 
 
 def _check_lookahead(options: dict[str, Any], bicodec_config: Path) -> None:

@@ -22,6 +22,7 @@ from .tokens import TASKS
 
 if TYPE_CHECKING:
     from trtdeploy.perf.asr_workload import ASRWorkload
+    from trtdeploy.perf.workload import ModelInfo
 
 __version__ = "0.1.0"
 
@@ -123,6 +124,9 @@ class Whisper(ModelSpec):
     def entry_model(self, mode: Mode) -> str:
         return "whisper_bls"
 
+    def offline_model(self, mode: Mode) -> str | None:
+        return "whisper_bls_offline" if mode == "streaming" else None
+
     def triton_models(self, mode: Mode) -> tuple[str, ...]:
         # "whisper": the offline entry again, under the name Triton-ASR-Client addresses
         return ("whisper_bls", "whisper_bls_offline", "whisper") if mode == "streaming" else ("whisper_bls", "whisper")
@@ -191,6 +195,16 @@ class Whisper(ModelSpec):
         return ASRWorkload(
             model_name=deployment.entry_model, decoupled=deployment.decoupled, tokenizer_dir=deployment.llm_dir
         )
+
+    def recognizes(self, model: ModelInfo) -> bool:
+        from trtdeploy.perf.asr_workload import ASRWorkload
+
+        return ASRWorkload.speaks(model)
+
+    def served_workload(self, model: ModelInfo, *, tokenizer_dir: Path | None) -> ASRWorkload:
+        from trtdeploy.perf.asr_workload import ASRWorkload
+
+        return ASRWorkload(model_name=model.name, decoupled=model.decoupled, tokenizer_dir=tokenizer_dir)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

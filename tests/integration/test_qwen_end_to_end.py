@@ -71,8 +71,6 @@ def max_overlap(records: list[dict]) -> int:
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_perf_measures_every_request(served, state, protocol):
     mode, root, _ = served
-    if protocol == "http" and mode == "streaming":
-        pytest.skip("the HTTP transport sends offline requests; the streaming deployment is covered over gRPC")
     args = ["--concurrency", "1,4", "--num-requests", "8", "--isl", "16", "--osl", str(OSL), "--ignore-eos"]
     summary, records = perf_records(root, state, *args, "--protocol", protocol)
     measured = [r for r in records if not r["warmup"]]

@@ -150,6 +150,27 @@ def test_http_offline(fake_server):
 
 
 @pytest.mark.server
+@pytest.mark.parametrize("model", ["text_llm_tokens", "tensorrt_llm"])
+def test_http_streams_llms_through_generate_stream(fake_server, grpc, tiny_tokenizer, model):
+    """Over HTTP a decoupled LLM streams through the generate extension: the chunks, tokens and texts of gRPC's."""
+    workload = (TextLLMWorkload if model == "text_llm_tokens" else TokenLLMWorkload)(model, tiny_tokenizer)
+    rows = [*ROWS[:3], *([InputRow("and FAIL this")] if model == "text_llm_tokens" else [])]
+    load = LoadSettings(concurrency=(2,), num_requests=len(rows), warmup=0)
+    records = {}
+    for endpoint in (grpc, Endpoint(fake_server.http_url, "http")):
+        result = run(workload, endpoint, load, rows=rows, options=RequestOptions(max_tokens=4))
+        assert result.summary["stream"] is True and result.summary["protocol"] == endpoint.protocol
+        records[endpoint.protocol] = {rec.row: rec for rec in measured(result)}
+    for row in range(3):
+        http, grpc_rec = records["http"][row], records["grpc"][row]
+        assert http.error is None and http.send_ns < http.chunk_ns[0] < http.end_ns
+        assert http.chunk_tokens == grpc_rec.chunk_tokens == [1, 1, 1, 1] and http.token_source == "server"
+        assert http.text == grpc_rec.text and http.text
+    if model == "text_llm_tokens":
+        assert "fake failure" in records["http"][3].error
+
+
+@pytest.mark.server
 def test_request_rate_levels(grpc):
     load = LoadSettings(request_rates=(40.0, 80.0), num_requests=8)
     result = run(TextLLMWorkload("text_llm_stream"), grpc, load, options=RequestOptions(max_tokens=2))
@@ -269,8 +290,8 @@ def test_stream_mode_must_match_the_model(grpc, fake_server):
         run(TextLLMWorkload("text_llm"), grpc, LoadSettings(), stream=True)
     with pytest.raises(UsageError, match="'text_llm_stream' is decoupled"):
         run(TextLLMWorkload("text_llm_stream"), grpc, LoadSettings(), stream=False)
-    with pytest.raises(UsageError, match="streaming needs --protocol grpc"):
-        run(TextLLMWorkload("text_llm_stream"), Endpoint(fake_server.http_url, "http"), LoadSettings())
+    with pytest.raises(UsageError, match="'text_llm' is not decoupled"):
+        run(TextLLMWorkload("text_llm"), Endpoint(fake_server.http_url, "http"), LoadSettings(), stream=True)
 
 
 @pytest.mark.server

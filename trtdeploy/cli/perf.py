@@ -57,7 +57,10 @@ def perf(
     ] = None,
     protocol: Annotated[
         Literal["grpc", "http"] | None,
-        typer.Option(help="Triton's grpc (offline or streaming) or http (default grpc)."),
+        typer.Option(
+            help="Triton's grpc (offline or streaming) or http (offline; LLMs stream through Triton's "
+            "generate_stream, streaming speech models need grpc; default grpc)."
+        ),
     ] = None,
     endpoint: Annotated[
         Literal["triton", "openai"],

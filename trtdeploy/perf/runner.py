@@ -571,11 +571,24 @@ class PerfRun:
                 )
 
 
-def _choose_stream(requested: bool | None, model: ModelInfo, protocol: Transport) -> bool:
-    """Whether to stream: as asked, else when the model is decoupled (an OpenAI-compatible server: streaming, its
-    answers' first token being what most runs measure)."""
+#: What a speech family's decoupled models stream, and the family's name, for the refusal of _choose_stream.
+_SPEECH_STREAMS = {"tts": ("TTS", "audio"), "asr": ("ASR", "partial transcripts")}
+
+
+def _choose_stream(requested: bool | None, model: ModelInfo, protocol: Transport, family: str) -> bool:
+    """Whether requests stream: as the model is decoupled, refusing a ``requested`` mode it cannot serve, and a
+    decoupled speech model over HTTP (Triton streams over HTTP through the generate extension only, whose JSON
+    events carry LLM text and token ids, not audio) by name, before anything is sent. An OpenAI-compatible server
+    streams unless told not to (its answers' first token is what most runs measure)."""
     if protocol == "openai":
         return True if requested is None else requested
+    if model.decoupled and protocol != "grpc" and family in _SPEECH_STREAMS:
+        kind, what = _SPEECH_STREAMS[family]
+        raise UsageError(
+            f"{model.name!r} is a streaming {kind} model (decoupled: it sends its {what} over a stream), and over "
+            "HTTP Triton streams JSON text (generate_stream), not audio: --protocol http cannot load it",
+            hint="pass --protocol grpc with the server's gRPC port, or the model that answers in one response",
+        )
     stream = model.decoupled if requested is None else requested
     if stream and not model.decoupled:
         raise UsageError(
@@ -583,9 +596,10 @@ def _choose_stream(requested: bool | None, model: ModelInfo, protocol: Transport
             hint="drop --stream, or benchmark a streaming deployment",
         )
     if not stream and model.decoupled:
-        raise UsageError(f"model {model.name!r} is decoupled: it answers only over a stream", hint="drop --no-stream")
-    if stream and protocol != "grpc":
-        raise UsageError("streaming needs --protocol grpc", hint="tritonclient's HTTP client does not stream")
+        raise UsageError(
+            f"model {model.name!r} is decoupled: it answers only over a stream",
+            hint="drop --no-stream",
+        )
     return stream
 
 
@@ -686,12 +700,13 @@ async def run_levels(
 ) -> PerfRun:
     """Check the server and model, build the requests, then run each level: warmup, snapshot, load, snapshot.
 
-    ``stream`` None streams exactly when the served model is decoupled. ``make_rows(start, count)``: synthetic
-    rows ``start .. start + count - 1``, one per request, made (with their requests) as each level is about to
-    run; ``rows`` is then empty. Records and level summaries go to ``observer`` as they exist (default: a
-    :class:`RunCollector`, whose records the result holds). A level the server does not live through ends early
-    and raises :class:`ServerLost`; Ctrl-C (cancellation) ends it as ``interrupted``; either way its summary
-    reaches the observer first. ``warn`` gets a line for input rows reused without ``reuse_rows``.
+    ``stream`` None streams exactly when the served model is decoupled (a decoupled speech model is refused over
+    HTTP). ``make_rows(start, count)``: synthetic rows ``start .. start + count - 1``, one per request, made (with
+    their requests) as each level is about to run; ``rows`` is then empty. Records and level summaries go to
+    ``observer`` as they exist (default: a :class:`RunCollector`, whose records the result holds). A level the
+    server does not live through ends early and raises :class:`ServerLost`; Ctrl-C (cancellation) ends it as
+    ``interrupted``; either way its summary reaches the observer first. ``warn`` gets a line for input rows reused
+    without ``reuse_rows``.
 
     With ``load.find`` the levels are searched for (:class:`~trtdeploy.perf.search.Search`): each is planned once
     the one before it has told whether it met ``slo``, and the summary's ``search`` says what was found.
@@ -705,7 +720,7 @@ async def run_levels(
     try:
         await control.check_live()
         model = await control.model_info(workload.model_name)
-        stream = _choose_stream(stream, model, endpoint.protocol)
+        stream = _choose_stream(stream, model, endpoint.protocol, workload.family)
         options = replace(options or RequestOptions(), stream=stream)
         if slo is not None:
             slo.check(workload.family, stream)

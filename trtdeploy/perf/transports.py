@@ -1,5 +1,6 @@
-"""How requests reach Triton: gRPC (offline ``ModelInfer``, streaming ``ModelStreamInfer``) and HTTP (offline); and
-(:mod:`trtdeploy.perf.openai_api`) an OpenAI-compatible server.
+"""How requests reach Triton: gRPC (offline ``ModelInfer``, streaming ``ModelStreamInfer``) and HTTP (offline
+``infer``; streaming through the generate extension's ``generate_stream``, whose server-sent events carry tensors as
+JSON: text and token ids, for the LLM workloads); and (:mod:`trtdeploy.perf.openai_api`) an OpenAI-compatible server.
 
 Everything a request needs is encoded before the load starts. On the hot path a gRPC request is one pre-serialized
 protobuf (``bytes``) handed to a grpc.aio call whose serializers are the identity, and each response is kept as it
@@ -328,24 +329,79 @@ class StreamSession:
 # --- HTTP ------------------------------------------------------------------------------------------------------
 
 
+def encode_generate_request(request: Request) -> bytes:
+    """The JSON body of a ``generate_stream`` request: each input by name, one value when it holds one element, else
+    a list (text as strings); the generate extension asks for no outputs (it returns them all)."""
+    import json
+
+    body = {}
+    for name, array in request.inputs.items():
+        values = [v.decode("utf-8") if isinstance(v, bytes) else v for v in array.reshape(-1).tolist()]
+        body[name] = values[0] if len(values) == 1 else values
+    return json.dumps(body).encode()
+
+
+#: Keys of a generate_stream event that are not outputs.
+_EVENT_KEYS = frozenset({"model_name", "model_version", "id", "parameters"})
+
+
+def decode_generate_event(data: bytes) -> dict[str, np.ndarray]:
+    """The output tensors of one ``generate_stream`` event (text as bytes objects, numbers as numbers)."""
+    import json
+
+    import numpy as np
+
+    outputs = {}
+    for name, value in json.loads(data).items():
+        if name in _EVENT_KEYS:
+            continue
+        values = value if isinstance(value, list) else [value]
+        if values and all(isinstance(v, str) for v in values):
+            outputs[name] = np.array([v.encode("utf-8") for v in values], dtype=np.object_)
+        else:
+            outputs[name] = np.asarray(values)
+    return outputs
+
+
+def _event_error(data: bytes) -> str:
+    import json
+
+    try:
+        return str(json.loads(data).get("error") or data.decode(errors="replace"))
+    except (ValueError, AttributeError):
+        return data.decode(errors="replace")
+
+
 class HttpTransport(Transport):
-    """Offline ``infer`` through tritonclient.http.aio, with the request's InferInput objects built once."""
+    """Offline ``infer`` through tritonclient.http.aio, with the request's InferInput objects built once; streaming
+    through ``generate_stream`` (aiohttp), with the request's JSON body built once."""
 
     def __init__(self, url: str, model_name: str, *, timeout_s: float) -> None:
         super().__init__(url, model_name, timeout_s=timeout_s)
         self._client: Any = None
+        self._session: Any = None
 
     async def open(self, slots: int) -> None:
+        import aiohttp
         import tritonclient.http.aio as httpclient
 
         self._client = httpclient.InferenceServerClient(self.url, conn_limit=slots, conn_timeout=self.timeout_s)
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=slots), timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+        )
+        self._generate_url = f"http://{self.url}/v2/models/{self.model_name}/generate_stream"
 
     async def close(self) -> None:
         if self._client is not None:
             await self._client.close()
             self._client = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
-    def encode(self, request: Request, *, stream: bool) -> tuple[list[Any], list[Any]]:
+    def encode(self, request: Request, *, stream: bool) -> Any:
+        if stream:
+            return encode_generate_request(request)
         import tritonclient.http as httpclient
         from tritonclient.utils import np_to_triton_dtype
 
@@ -357,10 +413,10 @@ class HttpTransport(Transport):
         return inputs, [httpclient.InferRequestedOutput(name) for name in request.outputs]
 
     def caller(self, *, stream: bool) -> Caller:
-        return self._infer
+        return self._generate if stream else self._infer
 
     async def release(self) -> None:
-        """Nothing to release: HTTP requests hold no streams."""
+        """Nothing to release: HTTP requests hold no streams open between them."""
 
     def abort(self, message: str) -> None:
         """Nothing to fail here: HTTP requests hold no streams (the load cancels the requests in flight)."""
@@ -383,5 +439,31 @@ class HttpTransport(Transport):
             rec.raw.append(result)
         rec.end_ns = rec.end_ns or time.perf_counter_ns()
 
+    async def _generate(self, body: bytes, rec: Record) -> None:
+        """One ``generate_stream`` request: each event's data kept with its arrival time; an error event (or
+        status) is the server's answer."""
+        rec.send_ns = time.perf_counter_ns()
+        try:
+            async with self._session.post(self._generate_url, data=body) as response:
+                if response.status != 200:
+                    rec.error = _event_error(await response.read())
+                else:
+                    async for line in response.content:
+                        if not line.startswith(b"data:"):
+                            continue
+                        now, data = time.perf_counter_ns(), line[5:].strip()
+                        if data.startswith(b'{"error"'):
+                            rec.error = _event_error(data)
+                            break
+                        rec.chunk_ns.append(now)
+                        rec.raw.append(data)
+        except asyncio.TimeoutError:
+            rec.fail(f"timed out after {self.timeout_s:g} s", time.perf_counter_ns())
+        except Exception as exc:  # aiohttp's: connection refused or reset
+            rec.fail(f"{type(exc).__name__}: {short(exc)}", time.perf_counter_ns())
+        rec.end_ns = rec.end_ns or time.perf_counter_ns()
+
     def decode(self, raw: Any) -> dict[str, np.ndarray]:
+        if isinstance(raw, bytes):
+            return decode_generate_event(raw)
         return {output["name"]: raw.as_numpy(output["name"]) for output in raw.get_response().get("outputs", [])}

@@ -8,6 +8,7 @@ server lost (exit 5) or Ctrl-C (exit 130) still leave complete files for what wa
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -15,7 +16,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from .deployment import Deployment, find_latest
+from .deployment import Deployment
 from .errors import Interrupted, ServerError, TrtDeployError, UsageError
 from .fsutil import prepare_output_dir, remove_empty
 from .perf.asr import WHISPER_MODEL, AsrSettings, check_whisper, score_reports
@@ -35,6 +36,7 @@ from .perf.runner import (
 from .perf.search import check_search
 from .perf.slo import Slo
 from .perf.workload import InputRow, RequestOptions, Workload
+from .remote import RemoteTarget, resolve_remote
 from .server import DEFAULT_PORTS, resolved_path
 
 if TYPE_CHECKING:
@@ -53,7 +55,8 @@ class PerfSettings:
 
     ``endpoint`` ``openai``: the target is the OpenAI-compatible server at ``url``, loaded through its ``api``
     (``completions`` by default), its tokens counted with ``tokenizer``, every request's body completed with
-    ``extra_body``; ``protocol`` and ``deployment`` are Triton's.
+    ``extra_body``; ``protocol`` and ``deployment`` are Triton's. ``tokenizer`` is also the LLM's of a Triton
+    without a deployment folder here (a folder or a Hub name).
     """
 
     deployment: Path | None = None
@@ -73,6 +76,9 @@ class PerfSettings:
     output_dir: Path | None = None
     plots: bool = True
     asr: AsrSettings | None = None
+    #: A Triton without a deployment folder here: the workload to load it with (default: the one that recognizes
+    #: the model's configuration); ``tokenizer`` is its LLM's too.
+    workload: str | None = None
 
     def __post_init__(self) -> None:
         if self.endpoint == "openai":
@@ -80,13 +86,12 @@ class PerfSettings:
         elif self.url is not None:
             check_url(self.url)
         if self.endpoint == "triton":
-            given = [flag for flag, value in (("--api", self.api), ("--tokenizer", self.tokenizer)) if value]
+            given = ["--api"] if self.api is not None else []
             given += ["--extra-body"] if self.extra_body is not None else []
             if given:
                 raise UsageError(
                     f"{', '.join(given)} {'goes' if len(given) == 1 else 'go'} with --endpoint openai",
-                    hint="a Triton deployment tokenizes with its own preprocessing; pass --endpoint openai --url URL "
-                    "to load an OpenAI-compatible server",
+                    hint="pass --endpoint openai --url URL to load an OpenAI-compatible server",
                 )
         check_search(self.load.find, self.slo)
 
@@ -173,10 +178,31 @@ def resolve_workload(deployment: Deployment, model: str | None) -> Workload:
     return workload.retarget(model) if model is not None and model != workload.model_name else workload
 
 
+def deployment_workload(settings: PerfSettings, deployment: Deployment) -> tuple[Workload, str | None]:
+    """The workload of a deployment's server (:func:`resolve_workload`), and the deployment's model that answers
+    in one response what its entry model streams, when that is the model loaded (a refusal to stream over HTTP
+    names it)."""
+    from .plugins import get_model
+
+    given = [flag for flag, value in (("--workload", settings.workload), ("--tokenizer", settings.tokenizer)) if value]
+    if given:
+        raise UsageError(
+            f"{' and '.join(given)} tell how to load a server with no deployment folder here; {deployment.path} "
+            "is this server's, and its model plugin knows its workload and tokenizer",
+            hint=f"leave {' and '.join(given)} out",
+        )
+    workload = resolve_workload(deployment, settings.model)
+    offline = None
+    if workload.model_name == deployment.entry_model:
+        offline = get_model(deployment.model).offline_model(deployment.point.mode)
+    return workload, offline
+
+
 def apply_limits(settings: PerfSettings, deployment: Deployment | None, workload: Workload) -> PerfSettings:
     """``settings`` with the default lengths fitted to the deployment's limits (``max_input_len``,
-    ``max_output_len`` of its build), after refusing explicit lengths beyond them; without a deployment (an
-    OpenAI-compatible server), with the defaults as they are (the server refuses what it cannot take).
+    ``max_output_len`` of its build), after refusing explicit lengths beyond them; without a deployment (a remote
+    Triton or an OpenAI-compatible server, whose limits are not known) the lengths are used as given and the
+    defaults as they are.
 
     Default prompt length of synthetic inputs: min(DEFAULT_ISL, max_input_len) (less a shared prefix's length).
     Default output length of an LLM workload: ``--osl`` of the synthetic inputs if given, else min(the workload's
@@ -184,14 +210,10 @@ def apply_limits(settings: PerfSettings, deployment: Deployment | None, workload
     :meth:`~trtdeploy.perf.trace.Trace.layouts`).
     """
     inputs, options = settings.inputs, settings.options
-    if deployment is None:
-        if inputs.synthetic and inputs.isl is None:
-            inputs = replace(inputs, isl=DEFAULT_ISL)
-        if options.max_tokens is None:
-            options = replace(options, max_tokens=inputs.osl or DEFAULT_OSL)
-        return replace(settings, inputs=inputs, options=options)
-    point = deployment.point
-    max_in, max_out = int(point.max_input_len), int(point.max_output_len)
+    max_in: float = math.inf  # a remote server's limits: not known
+    max_out: float = math.inf
+    if deployment is not None:
+        max_in, max_out = int(deployment.point.max_input_len), int(deployment.point.max_output_len)
     prefix = inputs.prefix_len or 0
     if prefix >= max_in:
         raise UsageError(
@@ -213,7 +235,7 @@ def apply_limits(settings: PerfSettings, deployment: Deployment | None, workload
             )
     if inputs.synthetic and inputs.isl is None:
         inputs = replace(inputs, isl=min(DEFAULT_ISL, max_in - prefix))
-    inputs = replace(inputs, caps=(max_in, max_out))
+    inputs = replace(inputs, caps=None if deployment is None else (max_in, max_out))
     if workload.family == "llm" and options.max_tokens is None:
         own = getattr(workload, "max_tokens", None)
         default = min(own if isinstance(own, int) else DEFAULT_OSL, max_out)
@@ -248,8 +270,11 @@ def lengths_from_references(
     return fitted
 
 
-def check_row_lengths(rows: list[InputRow], deployment: Deployment) -> None:
-    """Refuse input rows that ask for more output tokens than the deployment's max_output_len."""
+def check_row_lengths(rows: list[InputRow], deployment: Deployment | None) -> None:
+    """Refuse input rows that ask for more output tokens than the deployment's max_output_len (none: a remote
+    server's limits are not known)."""
+    if deployment is None:
+        return
     max_out = int(deployment.point.max_output_len)
     for number, row in enumerate(rows, start=1):
         if row.max_tokens is not None and row.max_tokens > max_out:
@@ -302,8 +327,10 @@ def resolve_openai(settings: PerfSettings) -> tuple[Endpoint, OpenAIWorkload, di
     return Endpoint(url, "openai", settings.metrics_url or f"{url}/metrics"), workload, header
 
 
-def resolve_target(settings: PerfSettings, warn: Callable[[str], None]) -> tuple[Endpoint, Deployment]:
-    """The endpoint to load and the deployment it serves (see :func:`resolve_endpoint`)."""
+def resolve_target(settings: PerfSettings, warn: Callable[[str], None]) -> tuple[Endpoint, Deployment | None]:
+    """The endpoint to load and the deployment it serves (see :func:`resolve_endpoint`): None for a server that
+    trtdeploy did not start here, whose workload comes from its model's configuration (:mod:`trtdeploy.remote`),
+    never from a deployment folder that merely happens to be here."""
     if settings.deployment is not None:
         deployment = Deployment.load(settings.deployment)
         endpoint, served = resolve_endpoint(
@@ -313,7 +340,7 @@ def resolve_target(settings: PerfSettings, warn: Callable[[str], None]) -> tuple
             warn(f"the server at {endpoint.url} serves {served}, not {deployment.path}; loading it as the latter")
         return endpoint, deployment
     endpoint, served = resolve_endpoint(settings.url, settings.protocol, settings.metrics_url)
-    return endpoint, Deployment.load(served) if served is not None else find_latest()
+    return endpoint, Deployment.load(served) if served is not None else None
 
 
 #: The build point's fields a summary records (under ``build``): what tells one run's deployment from another's.
@@ -409,14 +436,32 @@ def benchmark(
     was measured are complete and marked ``server_lost`` or ``interrupted``."""
     warn = warn or warn_on_stderr
     deployment: Deployment | None = None
+    remote: RemoteTarget | None = None
     target: dict[str, Any]
     if settings.endpoint == "openai":
         endpoint, workload, served = resolve_openai(settings)
+        offline_model = None
         target = {"endpoint": "openai", "deployment": None, "build": None, **served}
     else:
         endpoint, deployment = resolve_target(settings, warn)
-        workload = resolve_workload(deployment, settings.model)
-        target = {"endpoint": "triton", "deployment": str(deployment.path), "build": build_of(deployment)}
+        if deployment is None:
+            remote = resolve_remote(
+                endpoint,
+                settings.model,
+                forced=settings.workload,
+                tokenizer=settings.tokenizer,
+                synthetic=settings.inputs.synthetic,
+                warn=warn,
+            )
+            workload, offline_model = remote.workload, remote.offline_model
+        else:
+            workload, offline_model = deployment_workload(settings, deployment)
+        target = {
+            "endpoint": "triton",
+            "deployment": None if deployment is None else str(deployment.path),
+            "build": None if deployment is None else build_of(deployment),
+            "remote": None if remote is None else remote.to_dict(),
+        }
     asr = settings.asr
     if workload.family != "llm" and settings.inputs.isl is not None:
         raise UsageError("--isl sets the prompt length of LLM workloads; speech inputs have no token length")
@@ -471,6 +516,7 @@ def benchmark(
                 make_rows=make_rows,
                 observer=writer,
                 warn=warn,
+                offline_model=offline_model,
             )
         )
     except KeyboardInterrupt:

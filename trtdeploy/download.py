@@ -17,6 +17,12 @@ if TYPE_CHECKING:
 
 #: Files that never matter for serving and only cost download time.
 IGNORE_PATTERNS = ("*.pth", "*.pt", "*.onnx", "*.msgpack", "*.h5", "original/*", ".gitattributes")
+#: The files of a Hugging Face tokenizer (and the model config some tokenizers read): all ``--tokenizer HUB_NAME``
+#: downloads.
+TOKENIZER_PATTERNS = (
+    *("tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "added_tokens.json", "*.tiktoken"),
+    *("chat_template*", "config.json"),
+)
 
 
 @dataclass(frozen=True)
@@ -45,8 +51,13 @@ def fingerprint(folder: Path) -> str:
 
 
 @contextmanager
-def _hub_errors(repo_id: str, revision: str | None) -> Iterator[None]:
-    """Turn the Hub client's failures into one-line errors naming the repository and the way out."""
+def _hub_errors(
+    repo_id: str,
+    revision: str | None,
+    offline_hint: str = "download it where the Hub is reachable, copy the folder here, and build with --model-dir PATH",
+) -> Iterator[None]:
+    """Turn the Hub client's failures into one-line errors naming the repository and the way out (``offline_hint``
+    when the Hub cannot be reached)."""
     from huggingface_hub.errors import (
         GatedRepoError,
         LocalEntryNotFoundError,
@@ -66,10 +77,8 @@ def _hub_errors(repo_id: str, revision: str | None) -> Iterator[None]:
         raise NotFoundError(f"{repo_id} has no revision {revision!r}") from None
     except (LocalEntryNotFoundError, OSError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise NetworkError(
-            f"cannot download {repo_id} from the Hugging Face Hub ({reason})",
-            hint="download it where the Hub is reachable, copy the folder here, and build with --model-dir PATH",
-        ) from None
+        message = f"cannot download {repo_id} from the Hugging Face Hub ({reason})"
+        raise NetworkError(message, hint=offline_hint) from None
 
 
 def download(repo_id: str, *, revision: str | None = None, local_dir: Path | None = None) -> Checkpoint:
@@ -102,6 +111,24 @@ def fetch_config(repo_id: str, *, revision: str | None = None, subfolder: str = 
             return None
     # the file is a link into the cache's blobs: its snapshot folder is found from the link, not its target
     return Path(path).parents[len(Path(subfolder).parts)].resolve()
+
+
+def tokenizer_folder(source: str) -> Path:
+    """The folder of ``--tokenizer SOURCE``: a local folder as it is, else a Hub repository id whose tokenizer files
+    alone are downloaded (or found cached)."""
+    from huggingface_hub import snapshot_download
+
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    if path.exists() or source.startswith((".", "/", "~")) or source.count("/") > 1:
+        raise NotFoundError(
+            f"--tokenizer {source}: no such folder",
+            hint="pass the folder of a Hugging Face tokenizer (tokenizer.json, tokenizer_config.json), or a Hub name",
+        )
+    offline_hint = "download it where the Hub is reachable, copy the folder here, and pass --tokenizer FOLDER"
+    with _hub_errors(source, None, offline_hint):
+        return Path(snapshot_download(source, allow_patterns=list(TOKENIZER_PATTERNS))).resolve()
 
 
 def local_checkpoint(path: Path) -> Checkpoint:

@@ -162,3 +162,25 @@ def test_a_deployment_of_an_uninstalled_plugin_is_named(served, state, tmp_path)
     result = run_cli("perf", str(ghost), "--url", f"localhost:{info['grpc_port']}", env=state)
     assert result.returncode == 3
     assert "unknown model 'ghost_model'" in result.stderr and "qwen_llm" in result.stderr
+
+
+def test_the_server_as_a_remote_host_sees_it(served, qwen_checkpoint, tmp_path):
+    """Without the server's record (a remote host's server, reached over HTTP alone): the text ensemble and the LLM
+    contract are told from their configurations, counted with --tokenizer, and stream when they are decoupled."""
+    mode, root, info = served
+    remote = {"TRTDEPLOY_STATE_DIR": str(tmp_path / "no-records")}
+    url = ["--url", f"localhost:{info['http_port']}", "--protocol", "http", "--tokenizer", str(qwen_checkpoint)]
+    lengths = ["--isl", "16", "--osl", str(OSL), "--ignore-eos", "--num-requests", "2", "--no-plots", "--json"]
+    for model, workload in (("ensemble", "qwen_llm"), ("tensorrt_llm", "tensorrt_llm")):
+        out = tmp_path / model
+        result = run_cli("perf", *url, "--model", model, *lengths, "--output-dir", str(out), cwd=root, env=remote)
+        assert result.returncode == 0, result.stderr
+        summary = json.loads(result.stdout)
+        assert summary["remote"]["workload"] == workload and summary["build"] is None
+        assert summary["stream"] is (mode == "streaming")
+        level = summary["levels"][0]
+        assert level["errors"] == 0 and level["input_tokens"]["min"] == level["input_tokens"]["max"] == 16
+        assert level["output_tokens"]["min"] == level["output_tokens"]["max"] == OSL
+        records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+        assert all(sum(r["chunk_tokens"]) == OSL for r in records)
+        assert all((len(r["chunk_tokens"]) > 1) is (mode == "streaming") for r in records)  # tokens as made

@@ -138,3 +138,34 @@ def test_a_failing_asr_costs_the_scores_not_the_measurements(served, whisper_url
     summary = json.loads((out / "summary.json").read_text())
     assert summary["levels"][0]["completed"] == 2 and "asr" not in summary["levels"][0]
     assert len(list(out.glob("audio/c1/*.wav"))) == 2
+
+
+def test_the_server_as_a_remote_host_sees_it(served, tmp_path):
+    """Without the server's record (a remote host's server): the workload is told from the configuration of the
+    model loaded, streams as that configuration says, and over HTTP the streaming entry is refused by name while
+    its offline twin is loaded. The deployment folder under the current folder is not used."""
+    root, info = served
+    remote = {"TRTDEPLOY_STATE_DIR": str(tmp_path / "no-records")}
+    inputs = ["--input-data", str(inputs_file(tmp_path)), "--num-requests", "2", "--warmup", "0", "--osl", "40"]
+    grpc, http = ["--url", f"localhost:{info['grpc_port']}"], ["--url", f"localhost:{info['http_port']}"]
+    http += ["--protocol", "http"]
+    for model, target in (("spark_tts", grpc), ("spark_tts_offline", http)):
+        out = tmp_path / model
+        args = ["perf", *target, "--model", model, *inputs, "--output-dir", str(out), "--no-plots", "--json"]
+        result = run_cli(*args, cwd=root, env=remote)
+        assert result.returncode == 0, result.stderr
+        summary = json.loads(result.stdout)
+        assert summary["remote"] == {"workload": "spark_tts", "chosen_by": "config", "tokenizer": None}
+        assert summary["deployment"] is None and summary["stream"] is (model == "spark_tts")
+        records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+        # the overlap of streamed chunks is read from the configuration's parameters: whole audio, exactly
+        assert all(r["error"] is None and r["audio_seconds"] == pytest.approx(40 * 320 / 16000) for r in records)
+
+    result = run_cli("perf", *http, "--model", "spark_tts", *inputs, cwd=root, env=remote)
+    assert result.returncode == 2
+    said = " ".join(result.stderr.split())
+    assert "'spark_tts' is a streaming TTS model (decoupled: it sends its audio over a stream)" in said
+    assert "pass --protocol grpc with the server's gRPC port, or --model spark_tts_offline" in said
+    result = run_cli("perf", *grpc, "--model", "audio_tokenizer", *inputs, cwd=root, env=remote)
+    assert result.returncode == 2
+    assert "no installed workload recognizes model 'audio_tokenizer'" in result.stderr and "--workload" in result.stderr

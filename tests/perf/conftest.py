@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from trtdeploy import ModelSpec
+from trtdeploy.hookspecs import hookimpl
+from trtdeploy.plugins import forget_registrations, pm
 
 from ..manifests import write_manifest
 
@@ -189,3 +191,33 @@ class FakeModelSpec(ModelSpec):
 
     def write_random_checkpoint(self, dest, *, seed=0):
         return None
+
+
+class _FakeLLM(FakeModelSpec):
+    """A model plugin whose workload is the text contract of the fake LLMs."""
+
+    name = "perf_fake_llm"
+
+    def entry_model(self, mode):
+        return "text_llm_stream" if mode == "streaming" else "text_llm"
+
+    def workload(self, deployment):
+        from trtdeploy.perf.llm import TextLLMWorkload
+
+        return TextLLMWorkload(deployment.entry_model, deployment.llm_dir, decoupled=deployment.decoupled)
+
+
+class _FakePlugin:
+    @hookimpl
+    def register_models(self, register):
+        register(_FakeLLM())
+
+
+@pytest.fixture
+def fake_plugin():
+    """The model plugin of ``make_deployment``'s deployments (``perf_fake_llm``), registered for the test."""
+    pm.register(_FakePlugin(), name="perf-fake-llm")
+    forget_registrations()
+    yield
+    pm.unregister(name="perf-fake-llm")
+    forget_registrations()

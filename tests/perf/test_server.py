@@ -15,14 +15,10 @@ import pytest
 from trtdeploy.benchmark import PerfSettings, benchmark
 from trtdeploy.deployment import Deployment
 from trtdeploy.errors import NotFoundError, ServerError, UsageError
-from trtdeploy.hookspecs import hookimpl
 from trtdeploy.perf.llm import TextLLMWorkload, TokenLLMWorkload, load_tokenizer
 from trtdeploy.perf.runner import Endpoint, InputSpec, LoadSettings, run_levels
 from trtdeploy.perf.slo import Slo
 from trtdeploy.perf.workload import InputRow, RequestOptions
-from trtdeploy.plugins import forget_registrations, pm
-
-from .conftest import FakeModelSpec
 
 ROWS = [InputRow(f"tell me about number {i} please", reference=f"tell me about number {i}") for i in range(6)]
 
@@ -373,33 +369,6 @@ def test_benchmark_finds_the_server_serve_started(make_deployment, tmp_path, mon
     assert level["requests"] == 4 and level["errors"] == 0 and level["output_tokens"]["mean"] == 3
     assert level["server"]["metrics"] is not None  # the recorded server's metrics port
     assert (tmp_path / "out" / "summary.json").is_file()
-
-
-class _FakeLLM(FakeModelSpec):
-    """A model plugin whose workload is the text contract of the fake LLMs."""
-
-    name = "perf_fake_llm"
-
-    def entry_model(self, mode):
-        return "text_llm_stream" if mode == "streaming" else "text_llm"
-
-    def workload(self, deployment):
-        return TextLLMWorkload(deployment.entry_model, deployment.llm_dir, decoupled=deployment.decoupled)
-
-
-class _FakePlugin:
-    @hookimpl
-    def register_models(self, register):
-        register(_FakeLLM())
-
-
-@pytest.fixture
-def fake_plugin():
-    pm.register(_FakePlugin(), name="perf-fake-llm")
-    forget_registrations()
-    yield
-    pm.unregister(name="perf-fake-llm")
-    forget_registrations()
 
 
 @pytest.mark.server

@@ -51,8 +51,9 @@ def perf(
         typer.Option(
             help="Triton's HOST:PORT, the gRPC or HTTP port per --protocol (default: the running server that "
             "`trtdeploy serve` started for DEPLOYMENT; without DEPLOYMENT, the one serving a deployment under the "
-            "current folder). --endpoint openai: the server's http(s)://HOST:PORT or HOST:PORT (a base URL ending "
-            "in /v1 is taken too)."
+            "current folder). A server that trtdeploy did not start here (a remote one) needs --model: its "
+            "workload is told from that model's configuration, never from a deployment folder here. --endpoint "
+            "openai: the server's http(s)://HOST:PORT or HOST:PORT (a base URL ending in /v1 is taken too)."
         ),
     ] = None,
     protocol: Annotated[
@@ -76,13 +77,6 @@ def perf(
             "turn, in the model's chat template)."
         ),
     ] = None,
-    tokenizer: Annotated[
-        str | None,
-        typer.Option(
-            help="--endpoint openai: the served model's Hugging Face tokenizer (a folder, or a Hub name), to make "
-            "synthetic prompts of exactly --isl tokens and count tokens where the server reports no usage."
-        ),
-    ] = None,
     extra_body: Annotated[
         str | None,
         typer.Option(
@@ -95,6 +89,24 @@ def perf(
         typer.Option(
             help="Triton model to load (default: the deployment's entry model; e.g. tensorrt_llm). --endpoint "
             "openai: the served model's name (default: the only one its /v1/models lists)."
+        ),
+    ] = None,
+    workload: Annotated[
+        str | None,
+        typer.Option(
+            help="A remote server (--url with no deployment folder here): load --model with this installed model's "
+            "workload (e.g. qwen_llm, spark_tts, cosyvoice2, whisper; tensorrt_llm: the LLM contract, token ids in "
+            "and out) instead of the one that recognizes the model's configuration."
+        ),
+    ] = None,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            help="The LLM's Hugging Face tokenizer, a folder or a Hub name (only its tokenizer files are "
+            "downloaded), for a server with no deployment folder here (a remote Triton, --endpoint openai): to make "
+            "synthetic prompts of exactly --isl tokens and count tokens (an OpenAI-compatible server's own usage "
+            "counts first); needed for synthetic inputs and the LLM contract. Whisper: for --ignore-eos without "
+            "--osl."
         ),
     ] = None,
     stream: Annotated[
@@ -457,4 +469,5 @@ def perf_settings(options: Mapping[str, Any]) -> PerfSettings:
         output_dir=o["output_dir"],
         plots=o["plots"],
         asr=resolve_asr(asr, model=o["asr_model"], language=language) if asr is not None else None,
+        workload=o["workload"],
     )

@@ -467,7 +467,7 @@ class ASRWorkload(Workload):
                 raise UsageError(
                     f"input {row.input}: --ignore-eos needs a length for every request",
                     hint="pass --osl N, or give each row a max_tokens"
-                    + ("" if row.reference is None else " (or a Whisper deployment's tokenizer)"),
+                    + ("" if row.reference is None else " (or a Whisper deployment's tokenizer, or --tokenizer)"),
                 )
             length = max(1, len(self.tokenizer.encode(" " + row.reference.strip(), add_special_tokens=False)))
         return length

@@ -203,12 +203,19 @@ def _missing_keys(summary: Any) -> list[str]:
 def _label_parts(run: Run) -> tuple[str, list[str]]:
     """A run's label from its ``build`` (model, engine, precision, GPU) and the build's other parts that may tell it
     from a run with the same label; a run of an OpenAI-compatible server: its model, ``openai`` and who serves it
-    (as its model list says, e.g. vllm), then its API and whether it streamed; a run without either: its folder's
-    name."""
-    build = run.summary.get("build")
+    (as its model list says, e.g. vllm), then its API and whether it streamed; a run of a remote Triton: its
+    workload, the model loaded (when named otherwise) and the server's address, then its protocol and whether it
+    streamed; any other run: its folder's name."""
+    build, remote = run.summary.get("build"), run.summary.get("remote")
     if run.summary.get("endpoint") == "openai":
         base = " ".join(str(part) for part in (run.summary["model"], "openai", run.summary.get("served_by")) if part)
         return base, [str(run.summary.get("api") or ""), "streaming" if run.summary["stream"] else "offline"]
+    if not build and isinstance(remote, dict) and remote.get("workload"):
+        summary = run.summary
+        workload, model, url = str(remote["workload"]), summary.get("model"), summary.get("url")
+        base = workload if not model or model == workload else f"{workload} {model}"
+        served = [str(summary.get("protocol") or ""), "streaming" if summary.get("stream") else "offline"]
+        return f"{base} @ {url}" if url else base, served
     if not build:
         return run.path.name, []
     base = " ".join(str(build[key]) for key in ("model", "engine", "precision", "gpu") if build.get(key))

@@ -51,7 +51,10 @@ DEFINITIONS = {
     "levels_run",
     "build": "the deployment the run loaded: its folder's point name, model plugin, engine, precision, GPU profile "
     "it was built for, max batch size, TP, PP, replicas, mode, engine version and the GPUs it takes (gpus_needed: "
-    "TP x PP x replicas)",
+    "TP x PP x replicas); null for a server without a deployment folder here (remote, or OpenAI-compatible)",
+    "remote": "a Triton that trtdeploy did not start here (null: a deployment's): workload, the installed model "
+    "whose workload loaded it (tensorrt_llm: the LLM contract); chosen_by, config (recognized from the model's "
+    "configuration) or --workload; tokenizer, --tokenizer as given. Its limits are not known: lengths are as given",
     "token_source": "server: counted from returned token ids, or the usage an OpenAI-compatible server reported; "
     "retokenized: the output text re-encoded with the model's tokenizer",
     "endpoint": "triton (a Triton deployment) or openai (an OpenAI-compatible server: its api, completions or chat, "

@@ -140,7 +140,11 @@ def results_table(summary: dict[str, Any]) -> Table:
     family = summary["family"]
     audio = family in ("tts", "asr")  # latencies per second of audio: RTF instead of token throughput
     mode = "streaming" if summary["stream"] else "offline"
-    table = Table(title=f"{summary['model']} ({mode}, {summary['protocol']})", box=box.SIMPLE_HEAD)
+    title = f"{summary['model']} ({mode}, {summary['protocol']})"
+    remote = summary.get("remote")
+    if remote:  # a server with no deployment folder here: the workload it was loaded with
+        title += f" at {summary['url']}, {remote['workload']} workload"
+    table = Table(title=title, box=box.SIMPLE_HEAD)
     metrics = _LATENCIES.get(family, _LATENCIES["llm"])[0 if summary["stream"] else 1]
     columns = ["rate" if open_loop else "concurrency", "requests", "errors", "req/s", "RTF" if audio else "out tok/s"]
     if family == "asr":

@@ -575,19 +575,24 @@ class PerfRun:
 _SPEECH_STREAMS = {"tts": ("TTS", "audio"), "asr": ("ASR", "partial transcripts")}
 
 
-def _choose_stream(requested: bool | None, model: ModelInfo, protocol: Transport, family: str) -> bool:
+def _choose_stream(
+    requested: bool | None, model: ModelInfo, protocol: Transport, family: str, offline_model: str | None
+) -> bool:
     """Whether requests stream: as the model is decoupled, refusing a ``requested`` mode it cannot serve, and a
     decoupled speech model over HTTP (Triton streams over HTTP through the generate extension only, whose JSON
     events carry LLM text and token ids, not audio) by name, before anything is sent. An OpenAI-compatible server
     streams unless told not to (its answers' first token is what most runs measure)."""
     if protocol == "openai":
         return True if requested is None else requested
+    offline = ""
+    if offline_model not in (None, model.name):
+        offline = f"--model {offline_model}, which answers in one response"
     if model.decoupled and protocol != "grpc" and family in _SPEECH_STREAMS:
         kind, what = _SPEECH_STREAMS[family]
         raise UsageError(
             f"{model.name!r} is a streaming {kind} model (decoupled: it sends its {what} over a stream), and over "
             "HTTP Triton streams JSON text (generate_stream), not audio: --protocol http cannot load it",
-            hint="pass --protocol grpc with the server's gRPC port, or the model that answers in one response",
+            hint="pass --protocol grpc with the server's gRPC port" + (f", or {offline}" if offline else ""),
         )
     stream = model.decoupled if requested is None else requested
     if stream and not model.decoupled:
@@ -598,7 +603,7 @@ def _choose_stream(requested: bool | None, model: ModelInfo, protocol: Transport
     if not stream and model.decoupled:
         raise UsageError(
             f"model {model.name!r} is decoupled: it answers only over a stream",
-            hint="drop --no-stream",
+            hint="drop --no-stream" + (f", or pass {offline}" if offline else ""),
         )
     return stream
 
@@ -697,12 +702,14 @@ async def run_levels(
     make_rows: Callable[[int, int], list[InputRow]] | None = None,
     observer: RunObserver | None = None,
     warn: Callable[[str], None] | None = None,
+    offline_model: str | None = None,
 ) -> PerfRun:
     """Check the server and model, build the requests, then run each level: warmup, snapshot, load, snapshot.
 
-    ``stream`` None streams exactly when the served model is decoupled (a decoupled speech model is refused over
-    HTTP). ``make_rows(start, count)``: synthetic rows ``start .. start + count - 1``, one per request, made (with
-    their requests) as each level is about to run; ``rows`` is then empty. Records and level summaries go to
+    ``stream`` None streams exactly when the served model is decoupled; a decoupled speech model is refused over
+    HTTP, the refusal naming ``offline_model``, the model that answers in one response beside it, if there is one.
+    ``make_rows(start, count)``: synthetic rows ``start .. start + count - 1``, one per request, made (with their
+    requests) as each level is about to run; ``rows`` is then empty. Records and level summaries go to
     ``observer`` as they exist (default: a :class:`RunCollector`, whose records the result holds). A level the
     server does not live through ends early and raises :class:`ServerLost`; Ctrl-C (cancellation) ends it as
     ``interrupted``; either way its summary reaches the observer first. ``warn`` gets a line for input rows reused
@@ -720,7 +727,7 @@ async def run_levels(
     try:
         await control.check_live()
         model = await control.model_info(workload.model_name)
-        stream = _choose_stream(stream, model, endpoint.protocol, workload.family)
+        stream = _choose_stream(stream, model, endpoint.protocol, workload.family, offline_model)
         options = replace(options or RequestOptions(), stream=stream)
         if slo is not None:
             slo.check(workload.family, stream)

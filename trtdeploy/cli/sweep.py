@@ -21,11 +21,11 @@ from .perf import perf, perf_settings
 
 #: ``build`` options a sweep does not take: what it decides itself (every point is listed, failed ones too).
 BUILD_OPTIONS_LEFT_OUT = ("model", "dry_run", "skip_invalid", "json")
-#: ``perf`` options a sweep does not take (they keep perf's defaults): the sweep serves each point itself on
-#: Triton and names its runs' folders.
+#: ``perf`` options a sweep does not take (they keep perf's defaults): the sweep serves each point's deployment
+#: itself on Triton (its workload and tokenizer are the deployment's) and names its runs' folders.
 PERF_OPTIONS_LEFT_OUT = (
     *("deployment", "url", "metrics_url", "model", "output_dir", "json"),
-    *("endpoint", "api", "tokenizer", "extra_body"),
+    *("endpoint", "api", "tokenizer", "extra_body", "workload"),
 )
 #: ``build``'s --output-dir (the deployments' root) is --deployments-dir here: --output-dir is the sweep's folder.
 RENAMED = {"output_dir": ("deployments_dir", "--deployments-dir")}

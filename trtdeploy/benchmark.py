@@ -110,6 +110,11 @@ class PerfSettings:
             raise UsageError(f"--api {self.api!r} is not one of {', '.join(API_PATHS)}")
         if self.asr is not None:
             raise UsageError("--asr scores speech from a TTS model; --endpoint openai loads a text LLM")
+        if self.workload is not None:
+            raise UsageError(
+                "--workload tells how to load a Triton model; --endpoint openai loads a text LLM",
+                hint="leave out --workload, or --endpoint openai for a Triton --url",
+            )
 
 
 def server_of(deployment: Path) -> ServerInfo:
@@ -290,17 +295,18 @@ def resolve_openai(settings: PerfSettings) -> tuple[Endpoint, OpenAIWorkload, di
     ``tokenizer``, ``served_by``: the owner its model list names, e.g. vllm).
 
     The model: ``settings.model``, else the only one the server lists (UsageError naming them when it lists
-    several). The tokenizer is loaded here, before the load: synthetic prompts cannot be made without it. The
+    several). The tokenizer is loaded here, before the load: prompts of exact lengths cannot be made without it. The
     metrics: ``settings.metrics_url``, else the server's ``/metrics`` (vLLM's and SGLang's Prometheus; a server
     without one costs nothing).
     """
     from .perf.openai_api import OpenAIControl, OpenAIWorkload, base_url
 
     url = base_url(settings.url or "")
-    if settings.inputs.synthetic and settings.tokenizer is None:
+    use = settings.inputs.tokenizer_use
+    if use is not None and settings.tokenizer is None:
         raise UsageError(
-            "synthetic prompts of exactly --isl tokens need the served model's tokenizer",
-            hint="pass --tokenizer (its Hugging Face tokenizer folder or Hub name), or --input-data/--dataset",
+            f"{use} need the served model's tokenizer",
+            hint="pass --tokenizer (its Hugging Face tokenizer folder or Hub name)",
         )
 
     async def served_models() -> list[dict[str, Any]]:
@@ -424,6 +430,30 @@ def _where_it_stopped(writer: ReportWriter) -> str:
     return "; ".join(parts)
 
 
+def check_for_workload(settings: PerfSettings, workload: Workload) -> None:
+    """Refuse options that ``workload``'s family cannot take (UsageError), before any server is asked: token
+    lengths and token-count inputs for speech, an SLO's keys, ``--asr`` for a non-TTS model, ``--text-prefix`` for a
+    non-ASR one."""
+    if workload.family != "llm" and settings.inputs.isl is not None:
+        raise UsageError("--isl sets the prompt length of LLM workloads; speech inputs have no token length")
+    if workload.family != "llm" and (settings.inputs.isl_stddev or settings.inputs.osl_stddev):
+        raise UsageError("--isl-stddev and --osl-stddev vary the lengths of LLM prompts and answers only")
+    token_inputs = {
+        "--shared-prefixes": settings.inputs.shared_prefixes,
+        "--osl-from-reference": settings.inputs.osl_from_reference,
+        "--trace": settings.inputs.trace,
+    }
+    given = [flag for flag, value in token_inputs.items() if value]
+    if workload.family != "llm" and given:
+        raise UsageError(f"{given[0]} makes LLM requests (token counts); {workload.model_name!r} is not an LLM")
+    if settings.slo is not None:
+        settings.slo.check(workload.family, settings.stream)  # before the server: the workload's keys
+    if settings.asr is not None and workload.family != "tts":
+        raise UsageError(f"--asr/--asr-url scores speech; {workload.model_name!r} is not a TTS model")
+    if settings.options.text_prefix is not None and workload.family != "asr":
+        raise UsageError(f"--text-prefix is the decoder prompt of Whisper; {workload.model_name!r} is not an ASR model")
+
+
 def benchmark(
     settings: PerfSettings,
     *,
@@ -450,7 +480,7 @@ def benchmark(
                 settings.model,
                 forced=settings.workload,
                 tokenizer=settings.tokenizer,
-                synthetic=settings.inputs.synthetic,
+                inputs_use=settings.inputs.tokenizer_use,
                 warn=warn,
             )
             workload, offline_model = remote.workload, remote.offline_model
@@ -462,25 +492,8 @@ def benchmark(
             "build": None if deployment is None else build_of(deployment),
             "remote": None if remote is None else remote.to_dict(),
         }
+    check_for_workload(settings, workload)
     asr = settings.asr
-    if workload.family != "llm" and settings.inputs.isl is not None:
-        raise UsageError("--isl sets the prompt length of LLM workloads; speech inputs have no token length")
-    if workload.family != "llm" and (settings.inputs.isl_stddev or settings.inputs.osl_stddev):
-        raise UsageError("--isl-stddev and --osl-stddev vary the lengths of LLM prompts and answers only")
-    token_inputs = {
-        "--shared-prefixes": settings.inputs.shared_prefixes,
-        "--osl-from-reference": settings.inputs.osl_from_reference,
-        "--trace": settings.inputs.trace,
-    }
-    given = [flag for flag, value in token_inputs.items() if value]
-    if workload.family != "llm" and given:
-        raise UsageError(f"{given[0]} makes LLM requests (token counts); {workload.model_name!r} is not an LLM")
-    if settings.slo is not None:
-        settings.slo.check(workload.family, settings.stream)  # before the server: the workload's keys
-    if asr is not None and workload.family != "tts":
-        raise UsageError(f"--asr/--asr-url scores speech; {workload.model_name!r} is not a TTS model")
-    if settings.options.text_prefix is not None and workload.family != "asr":
-        raise UsageError(f"--text-prefix is the decoder prompt of Whisper; {workload.model_name!r} is not an ASR model")
     if asr is not None:
         asr = replace(asr, headers=asr.headers or _asr_headers(asr.url))
         asyncio.run(check_whisper(asr.url, asr.model, asr.headers))

@@ -88,15 +88,15 @@ def choose_workload(model: ModelInfo, url: str, forced: str | None, warn: Callab
     return found[0]
 
 
-def _tokenizer_use(workload: Workload, model: ModelInfo, synthetic: bool) -> str | None:
-    """What the run needs the tokenizer of an LLM for (None: nothing)."""
+def _tokenizer_use(workload: Workload, model: ModelInfo, inputs_use: str | None) -> str | None:
+    """What the run needs the tokenizer of an LLM for (None: nothing), ``inputs_use`` what its inputs need it for."""
     from .perf.llm import TextLLMWorkload, TokenLLMWorkload
 
     if isinstance(workload, TokenLLMWorkload):
         return "the token ids it takes and returns"
     if isinstance(workload, TextLLMWorkload):
-        if synthetic:
-            return "synthetic prompts of exactly --isl tokens"
+        if inputs_use is not None:
+            return inputs_use
         if "output_ids" not in model.outputs:
             return "counting its output tokens (it returns text without output_ids)"
     return None
@@ -129,11 +129,12 @@ def resolve_remote(
     *,
     forced: str | None,
     tokenizer: str | None,
-    synthetic: bool,
+    inputs_use: str | None,
     warn: Callable[[str], None],
 ) -> RemoteTarget:
     """The workload of model ``model_name`` at ``endpoint`` (see the module docstring), with the tokenizer
-    ``--tokenizer`` names; refused, naming what is missing, when the run needs a tokenizer and has none."""
+    ``--tokenizer`` names; refused, naming what is missing, when the run needs a tokenizer and has none (its inputs
+    need one for ``inputs_use``: :attr:`~trtdeploy.perf.runner.InputSpec.tokenizer_use`)."""
     from .download import tokenizer_folder
     from .perf.llm import TokenLLMWorkload, load_tokenizer
     from .plugins import get_model
@@ -155,7 +156,7 @@ def resolve_remote(
         load_tokenizer(folder)  # a folder without a usable tokenizer is named before the load
         workload = make(folder)
     else:
-        use = _tokenizer_use(workload, model, synthetic)
+        use = _tokenizer_use(workload, model, inputs_use)
         if use is not None:
             raise UsageError(
                 f"model {model.name!r} at {endpoint.url} is an LLM served without a deployment folder here: {use} "

@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from . import build as builder
-from .benchmark import PerfSettings, benchmark
-from .errors import Interrupted, PerfError, TrtDeployError, UsageError
+from .benchmark import PerfSettings, benchmark, check_for_workload, resolve_workload
+from .errors import ExitCode, Interrupted, PerfError, TrtDeployError, UsageError
 from .fsutil import atomic_write_text, prepare_output_dir
 from .matrix import plan_all
 from .perf.compare import FAMILIES, SUMMARY_JSON, SWEEP_JSON, compare, markdown_table, write_report
 from .perf.pareto import LATENCY_AXES, Level, best_level, levels_of, write_pareto_plot
 from .perf.report import METRIC_NAMES, draw_plots, format_number, level_text, stat_of, warn_on_stderr
-from .perf.runner import ProgressReporter, ServerLost
+from .perf.runner import PerfRun, ProgressReporter, ServerLost
 from .server import serve_deployment
 
 SWEEP_MD = "sweep.md"
@@ -70,6 +70,10 @@ class Point:
     best: dict[str, Any] | None = None
     #: With ``--find``: the highest concurrency or request rate that met the SLO (None: none did).
     found: float | None = None
+    #: The exit code of what stopped a point that was not measured (as ``trtdeploy build``/``serve``/``perf`` exit).
+    exit_code: int | None = None
+    #: A measured point with more failed requests than --max-error-rate allows (``reason`` says where).
+    error_rate_exceeded: bool = False
 
     @property
     def measured(self) -> bool:
@@ -84,6 +88,8 @@ class Sweep:
     perf_key: str
     #: perf's --find, when each point searched for the most it holds under the SLO.
     find: str | None = None
+    #: Whether the points were measured against an SLO.
+    slo: bool = False
     points: list[Point] = field(default_factory=list)
     status: str = "running"
     best: dict[str, Any] | None = None
@@ -96,6 +102,7 @@ class Sweep:
             "perf_key": self.perf_key,
             "family": self.family,
             "find": self.find,
+            "slo": self.slo,
             "points": [asdict(point) for point in self.points],
             "best": self.best,
         }
@@ -109,10 +116,8 @@ def perf_key(settings: PerfSettings) -> str:
     file by its size and modification time too), the request options, the SLO, the protocol and model loaded, and
     the ASR scorer."""
     inputs = asdict(settings.inputs)
-    path = settings.inputs.input_data
-    if path is not None and path.exists():
-        stat = path.stat()
-        inputs["input_data_file"] = (stat.st_size, stat.st_mtime_ns)
+    for name in ("input_data", "dataset"):  # a local file or folder: its contents' sizes and times too
+        inputs[f"{name}_stamp"] = _stamp(Path(str(inputs[name]))) if inputs[name] is not None else None
     asr = settings.asr
     described = {
         "protocol": settings.protocol,
@@ -127,8 +132,17 @@ def perf_key(settings: PerfSettings) -> str:
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _complete_run(base: Path) -> Path | None:
-    """A run folder ``base`` (or ``base-N``) whose summary.json says it completed."""
+def _stamp(path: Path) -> list[tuple[str, int, int]] | None:
+    """Each file's (path, size, modification time) of a local file or folder (None: not a local path, a Hub name)."""
+    if not path.exists():
+        return None
+    files = sorted(each for each in ([path] if path.is_file() else path.rglob("*")) if each.is_file())
+    return [(str(each.relative_to(path)), each.stat().st_size, each.stat().st_mtime_ns) for each in files]
+
+
+def _complete_run(base: Path, *, scored: bool) -> Path | None:
+    """A run folder ``base`` (or ``base-N``) whose summary.json says it completed (and, ``scored``, that its speech
+    was scored: a run cut during the scoring is complete without it)."""
     for folder in sorted(base.parent.glob(f"{base.name}*")):
         if folder.name != base.name and not folder.name[len(base.name) :].lstrip("-").isdigit():
             continue
@@ -136,7 +150,7 @@ def _complete_run(base: Path) -> Path | None:
             summary = json.loads((folder / SUMMARY_JSON).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        if isinstance(summary, dict) and summary.get("status") == "complete":
+        if isinstance(summary, dict) and summary.get("status") == "complete" and (summary.get("asr") or not scored):
             return folder
     return None
 
@@ -175,34 +189,73 @@ def run_sweep(
 ) -> Sweep:
     """Plan every point, then build, serve, measure and stop each in turn, saving sweep.json after each; then write
     the report. Ctrl-C stops the point under way (its server too) and raises Interrupted once the finished points'
-    report is written."""
+    report is written. Perf options that the model cannot take (its workload's family decides) stop the sweep at
+    its first point's build, before any server starts. Once the report is written: the exit code of the first
+    point's failure when no point was measured, PerfError (exit 6) when a point had more failed requests than
+    ``max_error_rate`` allows."""
     output_dir = settings.output_dir
     check_output_dir(output_dir)
     prepare_output_dir(output_dir)
-    key = perf_key(settings.perf)
     plans, rejected = plan_all(list(settings.points), skip_invalid=True)
-    sweep = Sweep(output_dir, key, find=settings.perf.load.find)
-    sweep.points = [Point(label=item.label, status="invalid", reason=item.reason) for item in rejected]
-    for item in rejected:
-        warn(f"point {item.label} cannot be built: {item.reason}")
-    planned = [Point(label=found.point.name, gpus=found.point.gpus_needed) for found in plans]
-    sweep.points = planned + sweep.points
+    sweep = Sweep(output_dir, perf_key(settings.perf), find=settings.perf.load.find, slo=settings.perf.slo is not None)
+    unique: dict[str, builder.Plan] = {}
+    for found in plans:  # a value given twice in an axis: the same point, measured once
+        unique.setdefault(found.point.name, found)
+    planned = [Point(label=name, gpus=found.point.gpus_needed) for name, found in unique.items()]
+    invalid = {item.label: item for item in rejected}
+    sweep.points = planned + [
+        Point(label=label, status="invalid", reason=item.reason, exit_code=int(item.error.exit_code))
+        for label, item in invalid.items()
+    ]
+    for label, item in invalid.items():
+        warn(f"point {label} cannot be built: {item.reason}")
     sweep.save()
     try:
-        for number, (found, point) in enumerate(zip(plans, planned, strict=True), 1):
-            _measure_point(settings, sweep, found, point, f"[{number}/{len(plans)}] {point.label}", say, progress, warn)
-            sweep.save()
+        try:
+            for number, (found, point) in enumerate(zip(unique.values(), planned, strict=True), 1):
+                prefix = f"[{number}/{len(planned)}] {point.label}"
+                _measure_point(settings, sweep, found, point, prefix, say, progress, warn)
+                sweep.save()
+        except TrtDeployError:  # what a point's own failure is not: perf options the model cannot take
+            sweep.status = "failed"
+            raise
+        except KeyboardInterrupt:
+            sweep.status = "interrupted"
+            raise
+        finally:
+            if sweep.status != "running":
+                _finish(sweep, settings, warn)
+        sweep.status = "complete"
+        _finish(sweep, settings, warn)
     except KeyboardInterrupt:
         sweep.status = "interrupted"
-        _finish(sweep, settings, warn)
+        sweep.save()
         done = sum(point.measured for point in sweep.points)
         raise Interrupted(
             f"{done} of {len(sweep.points)} points measured; their runs and the report are in {output_dir}",
             hint="run the same command again to measure the rest",
         ) from None
-    sweep.status = "complete"
-    _finish(sweep, settings, warn)
+    _check_outcome(sweep)
     return sweep
+
+
+def _check_outcome(sweep: Sweep) -> None:
+    """Raise what a finished sweep exits with when it is not 0 (see :func:`run_sweep`)."""
+    where = f"see each point in {sweep.output_dir / SWEEP_JSON}"
+    if not any(point.measured for point in sweep.points):
+        first = sweep.points[0]
+        error = TrtDeployError(
+            f"no point of the sweep could be measured (the first, {first.label}: {first.reason})", hint=where
+        )
+        error.exit_code = ExitCode(first.exit_code or ExitCode.INTERNAL)
+        raise error
+    over = [point for point in sweep.points if point.error_rate_exceeded]
+    if over:
+        raise PerfError(
+            f"{len(over)} of {len(sweep.points)} points had more failed requests than --max-error-rate allows "
+            f"(the first, {over[0].label}: {over[0].reason})",
+            hint=where,
+        )
 
 
 def _measure_point(
@@ -216,11 +269,11 @@ def _measure_point(
     warn: Callable[[str], None],
 ) -> None:
     """Build, serve and measure one point, recording in ``point`` how it ended (KeyboardInterrupt goes on up, the
-    point marked interrupted)."""
+    point marked interrupted, and so does the UsageError of perf options the model cannot take)."""
     started = datetime.now()
 
     def failed(status: str, exc: TrtDeployError) -> None:
-        point.status, point.reason = status, exc.message
+        point.status, point.reason, point.exit_code = status, exc.message, int(exc.exit_code)
         warn(f"{prefix}: {status.replace('_', ' ')}: {exc.message}" + (f" ({exc.hint})" if exc.hint else ""))
 
     try:
@@ -231,11 +284,17 @@ def _measure_point(
             return failed("build_failed", exc)
         deployment = result.deployment
         point.deployment, point.deployment_hash = str(deployment.path), deployment.manifest["hash"]
+        try:  # the same for every point of the model: the sweep stops here
+            check_for_workload(settings.perf, resolve_workload(deployment, settings.perf.model))
+        except UsageError as exc:
+            failed("perf_failed", exc)
+            raise
         base = sweep.output_dir / RUNS_DIR / point.label / f"{point.deployment_hash[:12]}-{sweep.perf_key[:12]}"
-        done = _complete_run(base)
+        done = _complete_run(base, scored=settings.perf.asr is not None)
         if done is not None:
             point.status, point.run_dir = REUSED, str(done.relative_to(sweep.output_dir))
             say(f"{prefix}: measured before with the same deployment and perf settings: {done}")
+            _check_error_rate(PerfRun(_read_summary(done), output_dir=done), settings, point, prefix, warn)
             return None
         run_dir = _fresh_run_dir(base)
         say(f"{prefix}: serve")
@@ -262,17 +321,30 @@ def _measure_point(
             except TrtDeployError as exc:
                 return failed("perf_failed", exc)
         point.status = MEASURED
-        try:
-            run.check_error_rate(settings.max_error_rate)
-        except PerfError as exc:
-            point.reason = exc.message
-            warn(f"{prefix}: {exc.message}")
+        _check_error_rate(run, settings, point, prefix, warn)
         return None
     except KeyboardInterrupt:
         point.status = "interrupted"
         raise
     finally:
+        if point.run_dir is not None and not (sweep.output_dir / point.run_dir).exists():
+            point.run_dir = None  # perf wrote nothing (refused before its first level)
         point.seconds = round((datetime.now() - started).total_seconds(), 1)
+
+
+def _read_summary(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / SUMMARY_JSON).read_text(encoding="utf-8"))
+
+
+def _check_error_rate(
+    run: PerfRun, settings: SweepSettings, point: Point, prefix: str, warn: Callable[[str], None]
+) -> None:
+    """Flag ``point`` when its run had more failed requests than ``settings.max_error_rate`` allows."""
+    try:
+        run.check_error_rate(settings.max_error_rate)
+    except PerfError as exc:
+        point.reason, point.error_rate_exceeded = exc.message, True
+        warn(f"{prefix}: {exc.message}")
 
 
 def _finish(sweep: Sweep, settings: SweepSettings, warn: Callable[[str], None]) -> None:
@@ -337,7 +409,7 @@ def points_table(sweep: Sweep) -> tuple[list[str], list[list[str]], list[str]]:
         under = "under the SLO" if best["under_slo"] else "of all levels (no SLO given)"
         per_gpu = format_number(best["throughput_per_gpu"])
         notes.append(f"best {under}: {best['point']} at {level_text(best)}, {per_gpu} per GPU")
-    elif any(point.measured for point in sweep.points):
+    elif sweep.slo and any(point.measured for point in sweep.points):
         notes.append("best: none (no level met the SLO)")
     return headers, rows, notes
 

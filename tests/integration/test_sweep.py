@@ -51,7 +51,7 @@ def test_a_2x2_sweep_measures_every_point_reports_the_best_and_measures_nothing_
     matrix = ("--max-batch-size", "2,4", "--isl-osl", "32:8,48:8")
     first = sweep(qwen_checkpoint, out, state, *matrix, *PERF, "--slo", "ttft_ms_p90<=60000")
     points = first["points"]
-    assert [point["status"] for point in points] == ["measured"] * 4
+    assert [point["status"] for point in points] == ["measured"] * 4, [point["reason"] for point in points]
     assert len({point["deployment"] for point in points}) == 4 and len(run_folders(out)) == 4
     for point in points:
         summary = json.loads((out / point["run_dir"] / "summary.json").read_text())
@@ -88,8 +88,9 @@ def test_a_2x2_sweep_measures_every_point_reports_the_best_and_measures_nothing_
 
 def test_points_that_cannot_be_built_or_measured_are_reported_and_the_others_complete(qwen_checkpoint, tmp_path, state):
     out = tmp_path / "sweep"
-    # fp8: the torch engine cannot build it; 32:4: perf's --osl 6 is more than that point's max_output_len
-    result = sweep(qwen_checkpoint, out, state, "--precision", "fp32,fp8", "--isl-osl", "32:8,32:4", *PERF)
+    # fp8: the torch engine cannot build it; 32:4: perf's --osl 6 is more than that point's max_output_len; fp32
+    # given twice is one point
+    result = sweep(qwen_checkpoint, out, state, "--precision", "fp32,fp8,fp32", "--isl-osl", "32:8,32:4", *PERF)
     by_status = {}
     for point in result["points"]:
         by_status.setdefault(point["status"], []).append(point)
@@ -134,3 +135,37 @@ def test_an_interrupted_sweep_keeps_its_finished_points_and_resumes(qwen_checkpo
     resumed = sweep(qwen_checkpoint, out, state, *matrix_and_perf)
     assert [point["status"] for point in resumed["points"]] == ["reused", "measured"]
     assert [point["run_dir"] for point in resumed["points"]] == [first, f"{cut}-2"]  # the cut run is kept beside
+
+
+def test_a_sweep_that_measures_nothing_exits_with_the_first_points_failure(qwen_checkpoint, tmp_path, state):
+    out = tmp_path / "sweep"
+    done = run_cli(*sweep_args(qwen_checkpoint, out, "--precision", "fp8,int4_awq", *PERF), cwd=tmp_path, env=state)
+    assert done.returncode == 2, done.stderr
+    assert "no point of the sweep could be measured" in done.stderr and "cannot build precision 'fp8'" in done.stderr
+    record = json.loads((out / "sweep.json").read_text())
+    assert [point["status"] for point in record["points"]] == ["invalid", "invalid"]
+    assert [point["exit_code"] for point in record["points"]] == [2, 2]
+
+
+def test_perf_options_the_model_cannot_take_stop_the_sweep_before_any_server(qwen_checkpoint, tmp_path, state):
+    out = tmp_path / "sweep"
+    args = sweep_args(qwen_checkpoint, out, "--max-batch-size", "2,4", *PERF, "--slo", "rtf<=1")
+    done = run_cli(*args, cwd=tmp_path, env=state)
+    assert done.returncode == 2, done.stderr
+    assert "rtf" in done.stderr and "llm" in done.stderr
+    record = json.loads((out / "sweep.json").read_text())
+    assert record["status"] == "failed"
+    assert [point["status"] for point in record["points"]] == ["perf_failed", "pending"]
+    assert record["points"][0]["run_dir"] is None and not (out / "runs").exists()
+
+
+def test_failed_requests_beyond_max_error_rate_exit_6_measured_or_reused(qwen_checkpoint, tmp_path, state):
+    out = tmp_path / "sweep"
+    args = ("--max-batch-size", "2", "-c", "1", "--isl", "8", "--osl", "6", "--num-requests", "4", "--timeout", "0.001")
+    for expected in ("measured", "reused"):
+        done = run_cli(*sweep_args(qwen_checkpoint, out, *args), cwd=tmp_path, env=state)
+        assert done.returncode == 6, done.stderr
+        assert "1 of 1 points had more failed requests than --max-error-rate allows" in " ".join(done.stderr.split())
+        (point,) = json.loads((out / "sweep.json").read_text())["points"]
+        assert (point["status"], point["error_rate_exceeded"]) == (expected, True)
+        assert "requests failed" in point["reason"]

@@ -458,6 +458,18 @@ class InputSpec:
         return self.input_data is None and self.dataset is None and self.trace is None
 
     @property
+    def tokenizer_use(self) -> str | None:
+        """What these inputs need an LLM's tokenizer for (None: nothing): prompts of exact token lengths, or output
+        lengths counted from the references."""
+        if self.trace is not None:
+            return "a trace's prompts of exact token lengths"
+        if self.synthetic:
+            return "synthetic prompts of exactly --isl tokens"
+        if self.osl_from_reference:
+            return "counting the reference outputs' tokens (--osl-from-reference)"
+        return None
+
+    @property
     def generated(self) -> bool:
         """Whether the run makes its rows as the levels need them (:meth:`synthetic_rows`): synthetic or a
         trace's."""

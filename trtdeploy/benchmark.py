@@ -299,6 +299,7 @@ def resolve_openai(settings: PerfSettings) -> tuple[Endpoint, OpenAIWorkload, di
     metrics: ``settings.metrics_url``, else the server's ``/metrics`` (vLLM's and SGLang's Prometheus; a server
     without one costs nothing).
     """
+    from .download import tokenizer_folder
     from .perf.openai_api import OpenAIControl, OpenAIWorkload, base_url
 
     url = base_url(settings.url or "")
@@ -325,8 +326,9 @@ def resolve_openai(settings: PerfSettings) -> tuple[Endpoint, OpenAIWorkload, di
         )
     model = settings.model or names[0]
     api = settings.api or "completions"
-    workload = OpenAIWorkload(model, api=api, tokenizer=settings.tokenizer, extra_body=settings.extra_body)
-    if settings.tokenizer is not None:
+    folder = tokenizer_folder(settings.tokenizer) if settings.tokenizer is not None else None
+    workload = OpenAIWorkload(model, api=api, tokenizer=folder, extra_body=settings.extra_body)
+    if folder is not None:
         workload.tokenizer  # noqa: B018 - a tokenizer that cannot be loaded is named before the load
     owner = next((entry.get("owned_by") for entry in served if entry["id"] == model), None)
     header = {"api": api, "tokenizer": settings.tokenizer, "served_by": owner}

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 from collections.abc import AsyncIterable, Mapping, Sequence
 from pathlib import Path
@@ -37,7 +36,6 @@ MODELS_PATH = "/v1/models"
 #: The request sent before the load to learn whether the server takes the run's fields.
 PROBE_ROW = InputRow(input="Hello", max_tokens=1)
 EXAMPLE = "e.g. --url http://localhost:8000 (HOST:PORT, or a base URL such as https://HOST/v1)"
-_HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 _JSON = {"Content-Type": "application/json"}
 #: Seconds an idle connection is kept for the next request: less than the keep-alive of uvicorn (5 s), which serves
 #: vLLM, SGLang and most others, so that no request goes out on a connection the server is closing.
@@ -312,26 +310,6 @@ async def read_events(blocks: AsyncIterable[bytes], rec: Record) -> None:
         dispatch(time.perf_counter_ns())
 
 
-def load_named_tokenizer(source: str) -> PreTrainedTokenizerBase:
-    """``--tokenizer SOURCE``: a Hugging Face tokenizer folder, or a Hub name (from the local cache, else the
-    Hub)."""
-    folder = Path(source).expanduser()
-    if folder.is_dir():
-        return load_tokenizer(folder)
-    if not _HUB_NAME.fullmatch(source):
-        raise NotFoundError(f"--tokenizer {source}: no such folder", hint="pass a tokenizer folder or a Hub name")
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(source)
-    except (OSError, ValueError) as exc:
-        raise NotFoundError(
-            f"--tokenizer {source}: no such folder, and no tokenizer of that name on the Hub or in its cache "
-            f"({short(exc)})",
-            hint="pass the model's tokenizer folder (e.g. its checkpoint folder)",
-        ) from None
-
-
 class OpenAIWorkload(_LLMWorkload):
     """A text LLM behind an OpenAI-compatible API: each input row is one completion (``api="completions"``, the
     prompt as it is) or chat completion (``api="chat"``, the prompt as one user turn).
@@ -349,23 +327,23 @@ class OpenAIWorkload(_LLMWorkload):
         model_name: str,
         *,
         api: Api = "completions",
-        tokenizer: str | None = None,
+        tokenizer: Path | None = None,
         extra_body: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(model_name, chat_template=api == "chat")
         self.api = api
-        self.tokenizer_source = tokenizer
+        self.tokenizer_dir = tokenizer
         self.extra_body = dict(extra_body or {})
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
         if self._tokenizer is None:
-            if self.tokenizer_source is None:
+            if self.tokenizer_dir is None:
                 raise UsageError(
                     f"counting the tokens of {self.model_name!r} needs its tokenizer",
                     hint="pass --tokenizer (the model's Hugging Face tokenizer folder or Hub name)",
                 )
-            self._tokenizer = load_named_tokenizer(self.tokenizer_source)
+            self._tokenizer = load_tokenizer(self.tokenizer_dir)
         return self._tokenizer
 
     def make_request(self, row: InputRow, options: RequestOptions, model: ModelInfo) -> Request:
@@ -386,7 +364,7 @@ class OpenAIWorkload(_LLMWorkload):
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
         body.update(self.extra_body)
-        input_tokens = len(self.prompt_ids(text)) if self.tokenizer_source is not None else None
+        input_tokens = len(self.prompt_ids(text)) if self.tokenizer_dir is not None else None
         return Request(
             inputs={},
             path=API_PATHS[self.api],
@@ -419,7 +397,7 @@ class OpenAIWorkload(_LLMWorkload):
             return Result(output_tokens=0, text="")
         text = "".join(chunk.text for chunk in chunks)
         usage = chunks[-1].usage or {}
-        counted = self.tokenizer_source is not None
+        counted = self.tokenizer_dir is not None
         total = usage.get("completion_tokens")
         source = "server" if total is not None else "retokenized" if counted else None
         if total is None and counted:

@@ -260,3 +260,43 @@ def test_a_failed_conversion_leaves_no_folder_and_names_the_error(converting, qw
     monkeypatch.setattr(type(plugins.get_model("qwen_llm")), "convert_llm", refused)
     with pytest.raises(UsageError, match="^llm.pt is not a cosyvoice2 LLM$"):
         build.run(request(qwen_checkpoint, tmp_path / "out"))
+
+
+#: Wiring mistakes in qwen_llm's templates, each a (template, text, replacement) and what the build says of it.
+MISWIRED = {
+    "input_map typo": (
+        "ensemble",
+        'input_map { key: "input_lengths" value: "_input_lengths" }',
+        'input_map { key: "input_length" value: "_input_lengths" }',
+        "ensemble 'ensemble', step 'tensorrt_llm': input_map key 'input_length' is not an input of 'tensorrt_llm'",
+    ),
+    "INT64 into INT32": (
+        "preprocessing",
+        '{ name: "REQUEST_INPUT_LEN" data_type: TYPE_INT32',
+        '{ name: "REQUEST_INPUT_LEN" data_type: TYPE_INT64',
+        "ensemble 'ensemble', step 'tensorrt_llm': input 'input_lengths' is TYPE_INT32 and reads '_input_lengths', "
+        "TYPE_INT64 (output 'REQUEST_INPUT_LEN' of step 'preprocessing')",
+    ),
+}
+
+
+@pytest.mark.parametrize("mistake", MISWIRED)
+def test_a_miswired_ensemble_fails_the_build_with_the_names(qwen_checkpoint, tmp_path, monkeypatch, capsys, mistake):
+    """A wrong tensor name or data type in a plugin's ensemble fails `trtdeploy build` (exit 4), not the server."""
+    from trtdeploy.cli.main import main
+
+    model, text, replacement, message = MISWIRED[mistake]
+    spec = type(plugins.get_model("qwen_llm"))
+    templates = shutil.copytree(spec.templates_dir, tmp_path / "templates")
+    config = templates / model / "config.pbtxt.j2"
+    assert text in config.read_text()
+    config.write_text(config.read_text().replace(text, replacement))
+    monkeypatch.setattr(spec, "templates_dir", templates)
+    argv = ["build", "qwen_llm", "--gpu", "cpu", "--model-dir", str(qwen_checkpoint), "--output-dir", str(tmp_path)]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 4
+    error = capsys.readouterr().err
+    assert f"Error: {message}" in error.replace("\n", " ")
+    assert f"Hint: fix {templates / 'ensemble' / 'config.pbtxt.j2'}" in error.replace("\n", "")
+    assert not (tmp_path / "qwen_llm" / "torch-fp32-bs8-tp1pp1-streaming").exists()

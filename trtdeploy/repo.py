@@ -72,14 +72,23 @@ def render_model(source: TemplateSource, model: str, dest_root: Path) -> Path:
 
 
 def render_repository(sources: Iterable[TemplateSource], dest_root: Path) -> dict[str, Path]:
-    """Render every model of every source into ``dest_root`` (which must not exist yet) and validate each config."""
+    """Render every model of every source into ``dest_root`` (which must not exist yet) and validate each config,
+    and each ensemble's wiring against the configs of its step models."""
     dest_root.mkdir(parents=True)
     configs: dict[str, Path] = {}
+    templates: dict[str, Path] = {}
     for source in sources:
         for model in source.models:
             configs[model] = render_model(source, model, dest_root)
-    for model, config in configs.items():
-        validate_config(config, expected_name=model)
+            templates[model] = source.root / model / f"{CONFIG}{TEMPLATE_SUFFIX}"
+    parsed = {model: validate_config(config, expected_name=model) for model, config in configs.items()}
+    for model, config in parsed.items():
+        if config.platform == "ensemble":
+            try:
+                check_ensemble(model, config, parsed)
+            except BuildError as exc:
+                exc.hint = f"fix {templates[model]}: {WIRING_HINT}"
+                raise
     return configs
 
 
@@ -105,19 +114,68 @@ def validate_config(path: Path, *, expected_name: str | None = None) -> Any:
         raise BuildError(f"{path}: name {config.name!r} does not match its folder {expected_name!r}")
     if not config.backend and not config.platform:
         raise BuildError(f"{path}: neither backend nor platform is set")
-    if config.platform == "ensemble":
-        _check_ensemble(path, config)
     return config
 
 
-def _check_ensemble(path: Path, config: Any) -> None:
-    """Every ensemble tensor must be produced by an input or a step before it is consumed."""
-    available = {tensor.name for tensor in config.input}
+#: What an ensemble's maps mean, for the hint of every wiring error.
+WIRING_HINT = (
+    "in each step, input_map and output_map map the step model's tensor (key) to the ensemble's (value), "
+    "of one data type"
+)
+
+
+def check_ensemble(name: str, config: Any, models: Mapping[str, Any]) -> None:
+    """Check an ensemble's wiring against the parsed configs of the repository's ``models``: BuildError naming the
+    ensemble, the step model and the tensor at the first problem.
+
+    Each step's model is in the repository; its ``input_map`` keys are inputs of that model and its ``output_map``
+    keys outputs of it; each tensor it reads is an ensemble input or an earlier step's output, of the data type the
+    model takes; no tensor is produced twice; every ensemble output is produced, of its declared data type.
+    """
+    from tritonclient.grpc import model_config_pb2
+
+    def dtype(value: int) -> str:
+        return model_config_pb2.DataType.Name(value)
+
+    #: ensemble tensor -> (its data type, where it comes from)
+    available = {tensor.name: (tensor.data_type, "the ensemble input") for tensor in config.input}
     for step in config.ensemble_scheduling.step:
-        for tensor in step.input_map.values():
-            if tensor not in available:
-                raise BuildError(f"{path}: ensemble step {step.model_name!r} reads {tensor!r}, which nothing produces")
-        available.update(step.output_map.values())
+        where = f"ensemble {name!r}, step {step.model_name!r}"
+        model = models.get(step.model_name)
+        if model is None:
+            raise BuildError(f"{where}: the model repository has no model {step.model_name!r}")
+        inputs = {tensor.name: tensor.data_type for tensor in model.input}
+        for key, value in sorted(step.input_map.items()):
+            if key not in inputs:
+                raise BuildError(
+                    f"{where}: input_map key {key!r} is not an input of {step.model_name!r} "
+                    f"(its inputs: {', '.join(inputs) or 'none'})"
+                )
+            if value not in available:
+                raise BuildError(
+                    f"{where}: input {key!r} reads {value!r}, which no ensemble input or earlier step produces"
+                )
+            produced, origin = available[value]
+            if produced != inputs[key]:
+                raise BuildError(
+                    f"{where}: input {key!r} is {dtype(inputs[key])} and reads {value!r}, {dtype(produced)} ({origin})"
+                )
+        outputs = {tensor.name: tensor.data_type for tensor in model.output}
+        for key, value in sorted(step.output_map.items()):
+            if key not in outputs:
+                raise BuildError(
+                    f"{where}: output_map key {key!r} is not an output of {step.model_name!r} "
+                    f"(its outputs: {', '.join(outputs) or 'none'})"
+                )
+            if value in available:
+                raise BuildError(f"{where}: output {key!r} writes {value!r}, which is {available[value][1]} already")
+            available[value] = (outputs[key], f"output {key!r} of step {step.model_name!r}")
     for tensor in config.output:
         if tensor.name not in available:
-            raise BuildError(f"{path}: ensemble output {tensor.name!r} is produced by no step")
+            raise BuildError(f"ensemble {name!r}: output {tensor.name!r} is produced by no step")
+        produced, origin = available[tensor.name]
+        if produced != tensor.data_type:
+            raise BuildError(
+                f"ensemble {name!r}: output {tensor.name!r} is {dtype(tensor.data_type)} and {origin} is "
+                f"{dtype(produced)}"
+            )

@@ -136,6 +136,30 @@ def test_bad_requests_are_rejected_before_anything_runs(qwen_checkpoint, tmp_pat
     assert not (tmp_path / "qwen_llm").exists()
 
 
+def test_lengths_above_the_checkpoints_positions_are_refused_before_anything_runs(tmp_path):
+    """4096 + 1024 tokens on a checkpoint of 2048 positions: both numbers and the fix, exit 2, nothing written."""
+    from trtdeploy.checkpoints import write_random_causal_lm
+
+    checkpoint = tmp_path / "short"
+    write_random_causal_lm(checkpoint, max_position_embeddings=2048)
+    lengths = ("--max-input-len", "4096", "--max-output-len", "1024")
+    result = run_cli("build", "qwen_llm", "--gpu", "cpu", "--model-dir", str(checkpoint), *lengths, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert (
+        "Error: --max-input-len 4096 + --max-output-len 1024 = 5120 is more than the 2048 positions of the checkpoint "
+        "(max_position_embeddings in config.json)\nHint: keep the two at 2048 or less together, e.g. "
+        "--max-input-len 1024 --max-output-len 1024\n"
+    ) in result.stderr
+    assert not (tmp_path / "deployments").exists()
+    assert build.plan(request(checkpoint, tmp_path, max_input_len=1024, max_output_len=1024))
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}
+    (checkpoint / "config.json").write_text(json.dumps(config))  # YaRN stretches the 2048 positions to 8192
+    assert build.plan(request(checkpoint, tmp_path, max_input_len=4096, max_output_len=1024))
+    with pytest.raises(UsageError, match=r"= 8193 is more than the 8192 positions .* times its rope_scaling factor 4"):
+        build.plan(request(checkpoint, tmp_path, max_input_len=7169, max_output_len=1024))
+
+
 def test_a_folder_that_is_not_the_model_is_refused(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(UsageError, match="missing config.json, tokenizer_config.json"):

@@ -221,8 +221,25 @@ def plan(request: BuildRequest, *, dry_run: bool = False) -> Plan:
         gpu_profile=profile,
         gpu_count=selection.count,
     )
-    engine.validate(context)  # a dry run before the download checks only what it knows: config.json is not here
+    _validate(spec, engine, context)  # a dry run before the download checks what it knows: config.json is not here
     return _assemble(spec, engine, context, source, request.revision)
+
+
+def _validate(spec: ModelSpec, engine: Engine, context: BuildContext) -> None:
+    """Refuse lengths above the checkpoint's position limit, then what the engine cannot build (run whenever the
+    checkpoint's LLM is new: planned, downloaded, converted)."""
+    limit = spec.position_limit(context)
+    point = context.point
+    if limit is not None and point.max_seq_len > limit[0]:
+        positions, what = limit
+        output_len = min(point.max_output_len, positions // 2)
+        raise UsageError(
+            f"--max-input-len {point.max_input_len} + --max-output-len {point.max_output_len} = {point.max_seq_len} "
+            f"is more than the {positions} positions of {what}",
+            hint=f"keep the two at {positions} or less together, e.g. --max-input-len {positions - output_len} "
+            f"--max-output-len {output_len}",
+        )
+    engine.validate(context)
 
 
 def _check_engine_options(request: BuildRequest, engine: Engine, dry_run: bool) -> None:
@@ -405,7 +422,7 @@ def execute(built: Plan, *, force: bool = False, on_step: Callable[[str], None] 
         checkpoint = download(built.repo_id, revision=built.revision)
         built.spec.validate_checkpoint(checkpoint.path)
         context = _relocate(built.context, built.spec, checkpoint)
-        built.engine.validate(context)
+        _validate(built.spec, built.engine, context)
         built = _assemble(built.spec, built.engine, context, checkpoint, built.revision)
     if built.spec.llm_conversion is not None and not built.context.llm_dir.is_dir():
         built = _convert_llm(built, on_step)
@@ -468,7 +485,7 @@ def _convert_llm(built: Plan, on_step: Callable[[str], None]) -> Plan:
             ) from exc
 
     atomic_dir(context.llm_dir, populate, error=BuildError, hint="point TRTDEPLOY_CACHE_DIR at a writable folder")
-    built.engine.validate(context)
+    _validate(built.spec, built.engine, context)
     return _assemble(built.spec, built.engine, context, built.source, built.revision)
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from .backend_utils import FALSE_WORDS, TRUE_WORDS
 from .errors import UsageError
 from .gpus import DEFAULT_MAX_NUM_TOKENS
+from .memory import read_config
 
 if TYPE_CHECKING:
     from .deployment import Deployment
@@ -21,6 +22,9 @@ if TYPE_CHECKING:
 Mode = Literal["offline", "streaming"]
 MODES: tuple[Mode, ...] = ("offline", "streaming")
 KV_CACHE_DTYPES = ("fp8", "int8")
+#: ``rope_scaling`` types that stretch the positions a model was trained on by their factor, on top of
+#: ``max_position_embeddings`` (Llama 3's and LongRoPE's ``max_position_embeddings`` counts the stretch already).
+STRETCHING_ROPE_TYPES = ("linear", "dynamic", "yarn")
 
 
 @dataclass(frozen=True)
@@ -243,6 +247,13 @@ class ModelSpec(ABC):
         """The template models a deployment in ``mode`` renders (besides the LLM); None: all of them."""
         return None
 
+    def position_limit(self, ctx: BuildContext) -> tuple[int, str] | None:
+        """The most tokens one sequence of the checkpoint's LLM may hold (prompt plus answer), and what that number
+        is, for the message (``"the checkpoint (max_position_embeddings in config.json)"``); None: not known (no
+        config.json yet). The plan refuses a max_input_len + max_output_len above it. Default: the LLM's config.json
+        ``max_position_embeddings``, times its ``rope_scaling`` factor where the scaling stretches the positions."""
+        return _config_position_limit(read_config(ctx.llm_dir))
+
     def template_context(self, ctx: BuildContext) -> dict[str, Any]:
         """Extra variables for this model's templates (under the name ``model``)."""
         return {}
@@ -289,3 +300,22 @@ def _coerce(key: str, text: str, annotation: Any) -> Any:
     except ValueError:
         raise UsageError(f"option {key}={text!r} is not a valid {kind}") from None
     return text
+
+
+def _config_position_limit(config: dict | None) -> tuple[int, str] | None:
+    """The position limit a Hugging Face config.json gives (see :meth:`ModelSpec.position_limit`)."""
+    text = (config or {}).get("text_config", config) or {}  # multimodal configs nest the LLM's
+    positions = text.get("max_position_embeddings")
+    if not isinstance(positions, int):
+        return None
+    scaling = text.get("rope_scaling")
+    scaling = scaling if isinstance(scaling, dict) else {}
+    stretches = scaling.get("rope_type", scaling.get("type")) in STRETCHING_ROPE_TYPES
+    factor = scaling.get("factor") if stretches else None
+    if isinstance(factor, (int, float)) and factor > 1:
+        return (
+            int(positions * factor),
+            f"the checkpoint (max_position_embeddings {positions} in config.json times its rope_scaling factor "
+            f"{factor:g})",
+        )
+    return positions, "the checkpoint (max_position_embeddings in config.json)"

@@ -216,7 +216,7 @@ def request(checkpoint, **kwargs) -> BuildRequest:
 @pytest.mark.parametrize(
     ("options", "kwargs", "message"),
     [
-        ({}, {"max_input_len": 300, "max_output_len": 200}, "the decoder's 448 positions"),
+        ({}, {"max_input_len": 300, "max_output_len": 200}, "the 448 positions of Whisper's decoder"),
         ({"max_new_tokens": "300"}, {}, "max_new_tokens=300 is more than --max-output-len 224"),
         ({"window_seconds": "40"}, {}, "window_seconds=40.0 is out of range"),
         ({"task": "summarize"}, {}, "task=summarize is out of range"),
@@ -236,7 +236,7 @@ def test_the_limits_follow_the_checkpoints_decoder_positions(checkpoint, tmp_pat
     other = tmp_path / "short"
     shutil.copytree(checkpoint, other)
     _edit_json(other / "config.json", max_target_positions=256)
-    with pytest.raises(UsageError, match="the decoder's 256 positions"):
+    with pytest.raises(UsageError, match="= 448 is more than the 256 positions of Whisper's decoder"):
         plan(request(other, output_root=tmp_path / "out"))
     assert plan(request(other, output_root=tmp_path / "out", max_input_len=128, max_output_len=128))
 

@@ -131,16 +131,12 @@ class Whisper(ModelSpec):
         # "whisper": the offline entry again, under the name Triton-ASR-Client addresses
         return ("whisper_bls", "whisper_bls_offline", "whisper") if mode == "streaming" else ("whisper_bls", "whisper")
 
+    def position_limit(self, ctx: BuildContext) -> tuple[int, str]:
+        return _target_positions(ctx.checkpoint_dir), "Whisper's decoder (max_target_positions in config.json)"
+
     def template_context(self, ctx: BuildContext) -> dict[str, Any]:
         options = dict(ctx.options)
         point = ctx.point
-        positions = _target_positions(ctx.checkpoint_dir)
-        if point.max_input_len + point.max_output_len > positions:
-            raise UsageError(
-                f"--max-input-len {point.max_input_len} + --max-output-len {point.max_output_len} is more than "
-                f"the decoder's {positions} positions (config.json max_target_positions)",
-                hint=f"keep their sum at most {positions}, e.g. the defaults 224 + 224",
-            )
         if options["max_new_tokens"] > point.max_output_len:
             raise UsageError(
                 f"-o max_new_tokens={options['max_new_tokens']} is more than --max-output-len {point.max_output_len}"

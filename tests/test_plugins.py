@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -154,18 +155,24 @@ BROKEN_PLUGINS = {
 }
 
 
+def install_fake_plugin(root: Path, name: str, source: str) -> dict[str, str]:
+    """A distribution in ``root`` whose ``trtdeploy`` entry point ``name`` is a module of ``source``; the
+    environment that puts it on the path of a ``trtdeploy`` subprocess."""
+    import os
+
+    dist = root / f"{name}_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(f"[trtdeploy]\n{name} = {name}_plugin_module\n")
+    (root / f"{name}_plugin_module.py").write_text("import trtdeploy\n" + textwrap.dedent(source) + "\n")
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+
+
 @pytest.mark.parametrize("kind", BROKEN_PLUGINS)
 def test_a_broken_plugin_is_named_and_the_others_still_work(tmp_path, kind):
     """A plugin that fails to import, to register or in its hook gets a one-line warning; the rest keeps working."""
     source, reason = BROKEN_PLUGINS[kind]
-    dist = tmp_path / "broken_plugin-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[trtdeploy]\nbroken = broken_plugin_module\n")
-    (tmp_path / "broken_plugin_module.py").write_text("import trtdeploy\n" + textwrap.dedent(source) + "\n")
-    import os
-
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    env = install_fake_plugin(tmp_path, "broken", source)
     result = run_cli("plugins", env=env)
     assert result.returncode == 0, result.stderr
     assert "Warning: plugin 'broken' failed to load" in result.stderr and reason in result.stderr
@@ -175,6 +182,34 @@ def test_a_broken_plugin_is_named_and_the_others_still_work(tmp_path, kind):
         "build", "qwen_llm", "--engine", "torch", "--gpu", "cpu", "--dry-run", "--json", env=env, cwd=tmp_path
     )  # fmt: skip
     assert planned.returncode == 0, planned.stderr
+
+
+EMPTY_PLUGINS = {
+    "no hookimpl": ("def register_models(register):\n    pass", "it implements no hook (mark its register_*"),
+    "returns instead of registering": (
+        "@trtdeploy.hookimpl\ndef register_models(register):\n    return object()",
+        "its register_models registered no model or engine (call register(obj) for each one",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", EMPTY_PLUGINS)
+def test_a_plugin_that_registers_nothing_gets_a_warning(tmp_path, kind):
+    """A plugin distribution that loads but adds nothing is not listed in silence: a warning, in --json too."""
+    source, reason = EMPTY_PLUGINS[kind]
+    env = install_fake_plugin(tmp_path, "empty", source)
+    listed = run_cli("plugins", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    import json
+
+    plugin = {p["name"]: p for p in json.loads(listed.stdout)["plugins"]}["empty"]
+    assert plugin["models"] == [] and plugin["version"] == "0.1"
+    assert plugin["warning"].startswith(f"plugin 'empty' registers nothing: {reason}")
+    assert f"Warning: {plugin['warning']}" in listed.stderr.replace("\n", " ")
+    table = run_cli("plugins", env=env)
+    assert re.search(r"│ empty +│ 0\.1 +│ registers ", table.stdout), table.stdout
+    assert "Warning: plugin 'empty' registers nothing" in table.stderr
+    assert {p["name"]: p["warning"] for p in json.loads(listed.stdout)["plugins"]}["qwen_llm"] is None
 
 
 def test_load_plugins_allow_list(tmp_path):

@@ -43,6 +43,8 @@ class PluginInfo:
     hooks: list[str]
     models: list[str] = field(default_factory=list)
     engines: list[str] = field(default_factory=list)
+    #: Why the plugin looks broken though it loaded (it registers nothing); None: nothing to say.
+    warning: str | None = None
 
 
 _loaded = False
@@ -213,7 +215,22 @@ def list_plugins() -> list[PluginInfo]:
         infos[owner].models.append(model)
     for engine, (_, owner) in _engines().items():
         infos[owner].engines.append(engine)
+    for info in infos.values():
+        reason = _why_nothing_registered(info)
+        info.warning = f"plugin {info.name!r} registers nothing: {reason}" if reason else None
     return sorted(infos.values(), key=lambda info: info.name)
+
+
+def _why_nothing_registered(info: PluginInfo) -> str | None:
+    """Why a loaded plugin adds nothing to trtdeploy (None: it registers a model or an engine, or adds commands)."""
+    if not info.hooks:
+        return "it implements no hook (mark its register_* functions with @trtdeploy.hookimpl)"
+    if info.models or info.engines or "register_commands" in info.hooks:
+        return None
+    return (
+        f"its {', '.join(info.hooks)} registered no model or engine "
+        "(call register(obj) for each one: what a hook returns is not read)"
+    )
 
 
 def forget_registrations() -> None:

@@ -6,6 +6,7 @@ Real tritonserver (bundled), real torch engine, real perf client; the assertions
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -137,6 +138,11 @@ def test_a_model_that_fails_to_load_leaves_no_process(qwen_checkpoint, tmp_path,
     result = run_cli("serve", "--background", cwd=tmp_path, env=state)
     assert result.returncode == 5
     assert "'tensorrt_llm' failed to load" in result.stderr
+    # the log's error line, with where the model raised it: not the tables tritonserver writes after it
+    assert "--- error lines of" in result.stderr
+    assert re.search(
+        r"\nfailed to load 'tensorrt_llm' version 1: Internal: \w+: .*model\.safetensors.* \(at ", result.stderr
+    )
     assert leftovers(mentioning=Path(json.loads(built.stdout)["deployment"])) == []
 
 

@@ -52,7 +52,24 @@ class TritonPythonModel:
         return []
 """
 
-MODELS = {"echo": ECHO_MODEL, "broken": BROKEN_MODEL, "slow": SLOW_MODEL}
+TRACEBACK_MODEL = """
+import json
+import traceback
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        try:
+            json.loads("{truncated")
+        except ValueError:
+            traceback.print_exc()  # as a library reports what it caught, before the model fails in its own words
+        raise RuntimeError("no weights index")
+
+    def execute(self, requests):
+        return []
+"""
+
+MODELS = {"echo": ECHO_MODEL, "broken": BROKEN_MODEL, "slow": SLOW_MODEL, "noisy": TRACEBACK_MODEL}
 
 
 def off_default_ports() -> dict[str, int]:

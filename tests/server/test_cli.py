@@ -156,7 +156,9 @@ def test_model_that_fails_to_load(tmp_path: Path) -> None:
     result = run_cli("serve", str(dep))
     assert result.returncode == ExitCode.SERVER
     assert "model 'broken' failed to load: Internal: RuntimeError: weights are missing" in result.stderr
-    assert "last lines of" in result.stderr and "UNAVAILABLE" in result.stderr
+    assert "--- error lines of" in result.stderr
+    assert "failed to load 'broken' version 1: Internal: RuntimeError: weights are missing (at " in result.stderr
+    assert "UNAVAILABLE" not in result.stderr  # the model table at the log's end is not what is shown
     assert leftovers(mentioning=dep) == []
 
 

@@ -8,6 +8,7 @@ import shlex
 import shutil
 import signal
 import socket
+import textwrap
 import urllib.error
 import urllib.request
 import uuid
@@ -123,8 +124,85 @@ def test_model_that_fails_to_load_is_named_with_its_error(tmp_path: Path) -> Non
         launch(repo, log_file=log, timeout=60)
     error = caught.value
     assert error.message == "model 'broken' failed to load: Internal: RuntimeError: weights are missing"
-    assert f"last lines of {log}" in error.details and "weights are missing" in error.details
+    assert error.details.startswith(f"--- error lines of {log} ---\n")
+    assert "failed to load 'broken' version 1: Internal: RuntimeError: weights are missing (at " in error.details
+    assert "/broken/1/model.py(4): initialize)" in error.details
     assert leftovers(mentioning=repo) == []
+
+
+def test_a_server_that_exits_while_starting_shows_the_logs_error_lines(tmp_path: Path) -> None:
+    """An ensemble Triton refuses (written by hand: a build refuses it first) makes tritonserver exit with a table
+    of models and options after the error: the message and details give the error line, not that tail."""
+    repo = write_repo(tmp_path / "repo", "echo")
+    (repo / "typo" / "1").mkdir(parents=True)
+    (repo / "typo" / "config.pbtxt").write_text(
+        textwrap.dedent("""\
+        name: "typo"
+        platform: "ensemble"
+        max_batch_size: 0
+        input [ { name: "A" data_type: TYPE_FP32 dims: [ -1 ] } ]
+        output [ { name: "Z" data_type: TYPE_FP32 dims: [ -1 ] } ]
+        ensemble_scheduling { step [ { model_name: "echo" model_version: -1
+          input_map { key: "INPUTX" value: "A" } output_map { key: "OUTPUT" value: "Z" } } ] }
+        """)
+    )
+    log = tmp_path / "server.log"
+    with pytest.raises(ServerError) as caught:
+        launch(repo, log_file=log, timeout=60)
+    cause = "in ensemble typo, ensemble tensor A is mapping to non-existing input INPUTX in model echo"
+    assert caught.value.message.startswith("tritonserver exited with status 1 while starting: Invalid argument: ")
+    assert caught.value.message.endswith(cause)
+    assert caught.value.details.startswith(f"--- error lines of {log} ---\nInvalid argument: {cause}\n")
+    assert caught.value.hint == f"full log: {log}"
+    assert cause not in _process.read_tail(log)  # what showing the log's last lines missed
+    assert leftovers(mentioning=repo) == []
+
+
+def test_a_traceback_a_model_prints_is_shown_by_its_last_lines(tmp_path: Path) -> None:
+    """A python model (or a process it starts) that prints a traceback before failing: its exception and innermost
+    frame are among the error lines."""
+    repo = write_repo(tmp_path / "repo", "noisy")
+    with pytest.raises(ServerError, match="'noisy' failed to load: Internal: RuntimeError: no weights index") as caught:
+        launch(repo, log_file=tmp_path / "server.log", timeout=60)
+    printed = "json.decoder.JSONDecodeError: Expecting property name enclosed in double quotes: line 1 column 2"
+    assert f"\n{printed} (char 1) (File " in caught.value.details
+    assert "failed to load 'noisy' version 1: Internal: RuntimeError: no weights index (at " in caught.value.details
+
+
+#: A log of a failed multi-rank start, one line per entry (glog lines as Triton 2.51 writes them, and as earlier
+#: releases did: unquoted).
+RANK_LOG = "\n".join(
+    [
+        'E1127 13:23:46.100971 18411 server.cc:241] "CudaDriverHelper has not been initialized."',
+        'I1127 13:23:46.102180 18411 model_lifecycle.cc:472] "loading: tensorrt_llm:1"',
+        "[TensorRT-LLM][ERROR] Assertion failed: engine rank0.engine not found (tensorrt_llm/runtime/engine.cpp:42)",
+        "[TensorRT-LLM][ERROR] Assertion failed: engine rank0.engine not found (tensorrt_llm/runtime/engine.cpp:42)",
+        "Traceback (most recent call last):",
+        '  File "worker.py", line 3, in <module>',
+        "    main()",
+        '  File "worker.py", line 2, in main',
+        '    raise MemoryError("out of host memory")',
+        "MemoryError: out of host memory",
+        "E1127 13:23:46.505596 18411 model_lifecycle.cc:642] \"failed to load 'pre' version 1: Internal: KeyError: "
+        "'vocab'\\n\\nAt:\\n  /repo/pre/1/model.py(9): initialize\\n  /lib/backend.py(3): load\\n\"",
+        "E0301 08:00:00.000001 7 model_lifecycle.cc:600] failed to load 'post' version 1: Not found: tokenizer.json",
+        "F1127 13:23:47.000001 18411 pinned_memory_manager.cc:100] Check failed: pool",
+        "error: creating server: Internal - failed to load all models",
+    ]
+)
+
+
+def test_error_lines_are_what_the_log_says_went_wrong() -> None:
+    """Each kind of line that says why a server failed, once, in order: repeats (one per rank) and the CPU's
+    harmless CUDA line left out, a python model's traceback cut to its exception and innermost frame."""
+    assert _process.error_lines(RANK_LOG) == [
+        "[TensorRT-LLM][ERROR] Assertion failed: engine rank0.engine not found (tensorrt_llm/runtime/engine.cpp:42)",
+        'MemoryError: out of host memory (File "worker.py", line 2, in main)',
+        "failed to load 'pre' version 1: Internal: KeyError: 'vocab' (at /repo/pre/1/model.py(9): initialize)",
+        "failed to load 'post' version 1: Not found: tokenizer.json",
+        "Check failed: pool",
+        "error: creating server: Internal - failed to load all models",
+    ]
 
 
 def test_runs_append_to_one_log_and_each_is_judged_by_its_own_lines(tmp_path: Path) -> None:

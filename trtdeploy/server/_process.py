@@ -42,6 +42,17 @@ RESTRICTABLE_APIS = ("shared-memory", "model-repository", "logging", "trace")
 #: Seconds leftover processes of a dead server get between SIGTERM and SIGKILL (python-backend stubs ignore SIGTERM).
 LEFTOVER_GRACE = 2.0
 _LOAD_FAILURE = re.compile(r"failed to load '([^']+)'")
+#: A glog line of severity E (error) or F (fatal), as Triton writes them: ``E1127 13:23:46.505596 18411 file.cc:642]
+#: "message"`` (2.51 quotes and escapes the message; older releases do not).
+_GLOG_ERROR = re.compile(r"^[EF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]]*\] ?(.*)$")
+#: Other lines that say what failed: TensorRT-LLM's errors, and tritonserver's last word before it exits.
+_OTHER_ERROR = re.compile(r"\[TensorRT-LLM\]\[ERROR\]|^error: ")
+#: Error lines Triton writes on every start on a machine without a GPU driver: never the cause.
+_HARMLESS_ERRORS = ("CudaDriverHelper has not been initialized",)
+#: Error lines a failure's details show at most (the first ones: later ones tend to follow from them).
+MAX_ERROR_LINES = 20
+#: Bytes of a run's log searched for its errors (its end, for a server that ran long).
+ERROR_SEARCH_BYTES = 8 << 20
 _PORT_TAKEN = re.compile(r"failed to start (\w+) service: .*Socket '[^']*:(\d+)' already in use")
 _SERVICE_LABELS = {"http": "HTTP", "grpc": "gRPC", "metrics": "metrics"}
 _PORT_HINT = "pass other ports (--http-port/--grpc-port/--metrics-port), or stop the server using it (`trtdeploy stop`)"
@@ -282,16 +293,67 @@ def repo_models(model_repo: Path) -> list[str]:
     return sorted(p.name for p in model_repo.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
-def read_tail(path: Path, lines: int = 40, start: int = 0) -> str:
-    """The last ``lines`` lines of a (log) file after byte ``start``, or "" if it cannot be read."""
+def _read_end(path: Path, start: int, size: int) -> str:
+    """The last ``size`` bytes of a (log) file after byte ``start``, or "" if it cannot be read."""
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
-            fh.seek(max(start, fh.tell() - 64 * 1024))
-            text = fh.read().decode("utf-8", errors="replace")
+            fh.seek(max(start, fh.tell() - size))
+            return fh.read().decode("utf-8", errors="replace")
     except OSError:
         return ""
-    return "\n".join(text.splitlines()[-lines:])
+
+
+def read_tail(path: Path, lines: int = 40, start: int = 0) -> str:
+    """The last ``lines`` lines of a (log) file after byte ``start``, or "" if it cannot be read."""
+    return "\n".join(_read_end(path, start, 64 * 1024).splitlines()[-lines:])
+
+
+def error_lines(text: str) -> list[str]:
+    """What a server log says went wrong, one line each, in the order written, without repeats: Triton's error lines
+    (a python model's traceback in one cut to the exception and its innermost frame), TensorRT-LLM's errors,
+    tritonserver's ``error:`` line, and the exception of each Python traceback printed (by a python model, or a
+    process it started) with its innermost frame."""
+    found: dict[str, None] = {}
+    frame: str | None = None  # inside a traceback: its innermost frame so far ("" before the first)
+    for line in text.splitlines():
+        glog = _GLOG_ERROR.match(line)
+        if glog:
+            message = _short_error(_unquote(glog.group(1)))
+            if not any(harmless in message for harmless in _HARMLESS_ERRORS):
+                found[message] = None
+        elif line.startswith("Traceback (most recent call last):"):
+            frame = ""
+        elif frame is not None and line.startswith(" "):
+            if line.lstrip().startswith("File "):
+                frame = line.strip()
+        elif frame is not None:  # the first line after the frames: the exception
+            found[f"{line.strip()} ({frame})" if frame else line.strip()] = None
+            frame = None
+        elif _OTHER_ERROR.search(line):
+            found[line.strip()] = None
+    return list(found)
+
+
+def _unquote(message: str) -> str:
+    """The text of a glog message Triton 2.51 wrote in quotes (newlines escaped); any other message as it is."""
+    if len(message) < 2 or not (message.startswith('"') and message.endswith('"')):
+        return message
+    try:
+        return str(json.loads(message))
+    except ValueError:
+        return message[1:-1].replace("\\n", "\n").replace('\\"', '"')
+
+
+def _short_error(message: str) -> str:
+    """One line of a Triton error: its first line, and where a python model raised it (the innermost frame of the
+    ``At:`` list the python backend appends)."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    if "At:" in lines[1:-1]:
+        return f"{lines[0]} (at {lines[lines.index('At:') + 1]})"
+    return lines[0]
 
 
 class PortInUseError(ServerError):
@@ -428,6 +490,21 @@ class RunningServer:
         """The last lines this run wrote to the log."""
         return read_tail(self.log_file, lines, self.log_offset)
 
+    def log_errors(self) -> list[str]:
+        """The error lines this run wrote to the log (see :func:`error_lines`)."""
+        return error_lines(_read_end(self.log_file, self.log_offset, ERROR_SEARCH_BYTES))
+
+    def log_report(self) -> str | None:
+        """What this run's log says went wrong, for a failure's details: its error lines (the first
+        :data:`MAX_ERROR_LINES`), or its last lines where it has none; None for an empty or unreadable log."""
+        errors = self.log_errors()
+        if errors:
+            more = len(errors) - MAX_ERROR_LINES
+            shown = errors[:MAX_ERROR_LINES] + ([f"... and {more} more error lines"] if more > 0 else [])
+            return f"--- error lines of {self.log_file} ---\n" + "\n".join(shown)
+        tail = self.log_tail()
+        return f"--- last lines of {self.log_file} ---\n{tail}" if tail else None
+
     def is_ready(self, models: Sequence[str] | None = None) -> bool:
         """Whether the server and each of ``models`` (default: the models it waits for) answer ready."""
         base = f"http://{self.http_url}"
@@ -448,7 +525,9 @@ class RunningServer:
             if code is not None:
                 if log.port_taken:
                     self._fail(PortInUseError(*log.port_taken))
-                self._fail(ServerError(f"tritonserver exited with status {code} while starting"))
+                cause = next(iter(self.log_errors()), None)
+                message = f"tritonserver exited with status {code} while starting"
+                self._fail(ServerError(f"{message}: {cause}" if cause else message, hint=f"full log: {self.log_file}"))
             if self.is_ready():
                 self.version = _server_version(f"http://{self.http_url}/v2")
                 return
@@ -461,10 +540,9 @@ class RunningServer:
             time.sleep(POLL_INTERVAL)
 
     def _fail(self, error: ServerError) -> None:
-        """Stop everything, then raise ``error`` with the log tail as its details."""
+        """Stop everything, then raise ``error`` with what the log says went wrong as its details."""
         self.stop()
-        tail = self.log_tail()
-        error.details = f"--- last lines of {self.log_file} ---\n{tail}" if tail else None
+        error.details = self.log_report()
         raise error
 
     def wait(self, timeout: float | None = None) -> int:
@@ -501,7 +579,7 @@ def _load_failure_error(failures: dict[str, str]) -> ServerError:
     reason = re.sub(r"^ version \d+: ", "", reason.split("\\n", 1)[0]).strip().rstrip('"').strip()
     return ServerError(
         f"model {names} failed to load: {reason or line}",
-        hint="fix the model (its error is in the log below), then start again",
+        hint="fix the model (where it failed is in the log's error lines above), then start again",
     )
 
 
@@ -532,7 +610,8 @@ def launch(
     ``world_size`` > 1 the server runs as that many MPI ranks, with ``orchestrator_gpus`` as the one MPI rank of
     TRT-LLM's orchestrator mode (see :func:`server_command`). On any failure (port in
     use, server exit, a model failing to load, timeout, Ctrl-C) every process started is stopped and
-    :class:`~trtdeploy.errors.ServerError` is raised with the log tail in ``details`` (Ctrl-C re-raises).
+    :class:`~trtdeploy.errors.ServerError` is raised with the log's error lines (or its tail) in ``details`` (Ctrl-C
+    re-raises).
     """
     model_repo = Path(model_repo).expanduser().absolute()
     if not model_repo.is_dir():

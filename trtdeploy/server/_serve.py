@@ -203,7 +203,7 @@ def wait_foreground(server: RunningServer, announce: Callable[[], None] | None =
 
     Ctrl-C (or SIGTERM/SIGHUP under :func:`stop_signals_as_interrupt`), during ``announce`` too, stops the whole
     process group; a server stopped by ``trtdeploy stop`` (its state file gone) ends quietly too. A server that dies
-    on its own raises ServerError with the log tail.
+    on its own raises ServerError with the log's error lines (or its tail).
     """
     try:
         if announce is not None:
@@ -216,9 +216,8 @@ def wait_foreground(server: RunningServer, announce: Callable[[], None] | None =
     server.stop()
     if stopped_elsewhere:
         return "tritonserver was stopped by `trtdeploy stop`"
-    tail = server.log_tail()
     raise ServerError(
         f"tritonserver exited on its own with status {code}",
         hint=f"full log: {server.log_file}",
-        details=f"--- last lines of {server.log_file} ---\n{tail}" if tail else None,
+        details=server.log_report(),
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .checkpoints import TinyShape, TokenizerKind, write_random_causal_lm
 from .deployment import Deployment
 from .engines.base import BuildStep, Engine
 from .errors import (
@@ -22,6 +23,7 @@ from .errors import (
 )
 from .hookspecs import hookimpl
 from .spec import MODES, BuildContext, BuildPoint, Mode, ModelSpec
+from .text_llm import TextLLMOptions, TextLLMSpec
 
 if TYPE_CHECKING:
     from .engines.trtllm.releases import Release as TrtllmRelease
@@ -68,6 +70,10 @@ __all__ = [
     "NotFoundError",
     "PerfError",
     "ServerError",
+    "TextLLMOptions",
+    "TextLLMSpec",
+    "TinyShape",
+    "TokenizerKind",
     "TrtDeployError",
     "TrtllmRelease",
     "UsageError",
@@ -75,4 +81,5 @@ __all__ = [
     "hookimpl",
     "newest_trtllm_release",
     "trtllm_release",
+    "write_random_causal_lm",
 ]

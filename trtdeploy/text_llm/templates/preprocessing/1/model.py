@@ -112,7 +112,7 @@ class TritonPythonModel:
     def _refuse_what_the_engine_does_not_take(self, inputs):
         decoder = inputs.get("DECODER_QUERY")
         if decoder is not None and not _neutral(decoder):
-            raise ValueError("decoder_text_input: Qwen models are decoder-only (they take no decoder input)")
+            raise ValueError("decoder_text_input: this model is decoder-only (it takes no decoder input)")
         extra_id = inputs.get("PROMPT_TABLE_EXTRA_ID")
         if extra_id is not None and not _neutral(extra_id):
             raise ValueError(

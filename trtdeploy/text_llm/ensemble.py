@@ -16,8 +16,11 @@ goes to ``preprocessing`` instead, which refuses any value but the neutral one (
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from trtdeploy import BuildContext, TrtllmRelease, newest_trtllm_release, trtllm_release
+if TYPE_CHECKING:
+    from ..engines.trtllm.releases import Release
+    from ..spec import BuildContext
 
 #: The official ensemble's outputs from the LLM model in every release (``text_output`` comes from postprocessing).
 OUTPUTS = ("cum_log_probs", "output_log_probs", "context_logits", "generation_logits", "batch_index", "sequence_index")
@@ -40,16 +43,18 @@ class EnsembleTensor:
     ragged: bool = False
 
 
-def release(ctx: BuildContext) -> TrtllmRelease:
+def release(ctx: BuildContext) -> Release:
     """The release whose official ensemble the deployment reproduces: the trtllm engine's, else the newest."""
+    from ..engines.trtllm import releases  # on first use: the engine's package loads numpy
+
     version = ctx.point.engine_version
     if ctx.point.engine != "trtllm" or not version:
-        return newest_trtllm_release()
+        return releases.newest()
     major, minor = version.split(".")[:2]
-    return trtllm_release((int(major), int(minor)))
+    return releases.of((int(major), int(minor)))
 
 
-def inputs(release: TrtllmRelease) -> list[EnsembleTensor]:
+def inputs(release: Release) -> list[EnsembleTensor]:
     """The official ensemble's inputs in ``release``, in its order."""
 
     def llm(name: str, data_type: str, target: str = "", **kwargs) -> EnsembleTensor:
@@ -93,7 +98,7 @@ def inputs(release: TrtllmRelease) -> list[EnsembleTensor]:
     ]
 
 
-def outputs(release: TrtllmRelease) -> tuple[str, ...]:
+def outputs(release: Release) -> tuple[str, ...]:
     """The official ensemble's outputs from the LLM model in ``release``, in its order (the template declares those
     the engine's model writes, with that model's types and dims)."""
     return (*OUTPUTS, *release.stats_outputs, *release.token_count_outputs)

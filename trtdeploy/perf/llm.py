@@ -185,8 +185,9 @@ class TextLLMWorkload(_LLMWorkload):
 
     def finish(self, request: Request, chunks: Sequence[Chunk]) -> Result:
         """Token counts from the returned ids, else from re-tokenizing the text. The text: the ids decoded at
-        once when the responses carry them and there is a tokenizer (a streamed answer's pieces are decoded one
-        by one on the server, which breaks a character whose bytes span two tokens), else the pieces joined.
+        once when the responses carry them and there is a tokenizer (TensorRT-LLM's own ensemble decodes a streamed
+        answer's pieces one by one, which drops a sentencepiece word's leading space and breaks a character whose
+        bytes span two tokens; trtdeploy's decodes them in context), else the pieces joined.
 
         No chunk with content: the model generated nothing (end-of-sequence first), a success with 0 tokens.
         """

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 #: What every checkpoint of a text LLM holds besides its ``*.safetensors``.
 REQUIRED_FILES = ("config.json", "tokenizer_config.json")
+#: The ensemble's parameter naming the model it serves (how ``perf --url`` tells one text LLM's from another's).
+TEXT_LLM_PARAMETER = "text_llm"
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,10 @@ class TextLLMSpec(ModelSpec):
     architectures: ClassVar[tuple[str, ...]]
     #: The tokenizer of random checkpoints (:data:`trtdeploy.checkpoints.TokenizerKind`): the family's real kind.
     tokenizer_kind: ClassVar[TokenizerKind] = "qwen2"
+    #: Tokens that end an answer besides the tokenizer's EOS and generation_config.json's ``eos_token_id``, for
+    #: checkpoints that do not list them all (a fine-tune whose generation_config.json misses the end-of-turn token
+    #: of its chat template). A request that names no ``end_id`` ends at any of them.
+    end_tokens: ClassVar[tuple[str, ...]] = ()
     templates_dir = Path(__file__).parent / "templates"
     Options: ClassVar[type] = TextLLMOptions
 
@@ -97,39 +103,50 @@ class TextLLMSpec(ModelSpec):
             "inputs": ensemble.inputs(release),
             "outputs": ensemble.outputs(release),
         }
-        return {"tokenizer_dir": str(ctx.llm_dir), **ctx.options, "ensemble": tensors}
+        return {
+            "name": self.name,
+            "tokenizer_dir": str(ctx.llm_dir),
+            **self._options(ctx.options),
+            "ensemble": tensors,
+            "end_tokens": _pbtxt_string(json.dumps(list(self.end_tokens))),
+        }
 
     def _options(self, given: dict[str, Any]) -> dict[str, Any]:
         """``given`` over this model's option defaults."""
         return {**dataclasses.asdict(self.Options()), **given}
 
     def workload(self, deployment: Deployment) -> TextLLMWorkload:
-        from ..perf.llm import TextLLMWorkload
-
-        options = self._options(dict(deployment.point.options))
-        return TextLLMWorkload(
-            model_name=deployment.entry_model,
-            tokenizer_dir=deployment.llm_dir,
-            decoupled=deployment.decoupled,
-            chat_template=bool(options["chat_template"]),
-            add_special_tokens=bool(options["add_special_tokens"]),
-        )
+        options = dict(deployment.point.options)
+        return self._workload(deployment.entry_model, deployment.llm_dir, deployment.decoupled, options)
 
     def recognizes(self, model: ModelInfo) -> bool:
+        """A served text ensemble: this model's (trtdeploy names the model in the ensemble's ``text_llm``
+        parameter), or one that names none (TensorRT-LLM's own), which every text LLM recognizes."""
         from ..perf.llm import TextLLMWorkload
 
-        return TextLLMWorkload.speaks(model)
+        return TextLLMWorkload.speaks(model) and model.parameters.get(TEXT_LLM_PARAMETER, self.name) == self.name
 
     def served_workload(self, model: ModelInfo, *, tokenizer_dir: Path | None) -> TextLLMWorkload:
-        from ..perf.llm import TextLLMWorkload
-
         # how the served preprocessing encodes prompts is not in the ensemble's configuration: this model's defaults
         # of -o chat_template and -o add_special_tokens
-        options = self._options({})
+        return self._workload(model.name, tokenizer_dir, model.decoupled, {})
+
+    def _workload(
+        self, model_name: str, tokenizer_dir: Path | None, decoupled: bool, options: dict[str, Any]
+    ) -> TextLLMWorkload:
+        """The text contract's workload, counting prompt tokens as a deployment with ``options`` encodes them."""
+        from ..perf.llm import TextLLMWorkload
+
+        options = self._options(options)
         return TextLLMWorkload(
-            model_name=model.name,
+            model_name=model_name,
             tokenizer_dir=tokenizer_dir,
-            decoupled=model.decoupled,
+            decoupled=decoupled,
             chat_template=bool(options["chat_template"]),
             add_special_tokens=bool(options["add_special_tokens"]),
         )
+
+
+def _pbtxt_string(text: str) -> str:
+    """``text`` escaped for a double-quoted string of a config.pbtxt."""
+    return text.replace("\\", "\\\\").replace('"', '\\"')

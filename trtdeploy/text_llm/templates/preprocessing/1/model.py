@@ -6,6 +6,10 @@ tokens, empty words dropped, ids padded with 0 and end offsets with -1), absent 
 ``embedding_bias_words``/``_weights`` become a per-token bias over the model's vocabulary (each weight added to every
 token of its word). Every other input it is given is one the deployment's engine does not take: a value other than
 the neutral one (false, 0, empty) is refused, naming the input and the engine.
+
+A request that names no ``end_id`` ends at the tokenizer's EOS and, as stop words (kept in the output, as TensorRT-LLM
+keeps them), at the model's other end tokens: those of ``generation_config.json`` (Llama 3 Instruct's
+``<|eot_id|>`` and ``<|end_of_text|>``) and the ``end_tokens`` of the model's spec.
 """
 
 import json
@@ -65,6 +69,21 @@ class TritonPythonModel:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.end_id
         config = json.loads((Path(tokenizer_dir) / "config.json").read_text())
         self.vocab_size = max(len(self.tokenizer), int(config.get("vocab_size") or 0))
+        self.other_end_ids = self._other_end_ids(Path(tokenizer_dir), json.loads(params.str("end_tokens")))
+
+    def _other_end_ids(self, folder, end_tokens):
+        """The ids that end an answer besides EOS: generation_config.json's and the spec's ``end_tokens``."""
+        found = set()
+        generation = folder / "generation_config.json"
+        if generation.is_file():
+            ends = json.loads(generation.read_text()).get("eos_token_id")
+            found.update(ends if isinstance(ends, list) else [] if ends is None else [ends])
+        for token in end_tokens:
+            token_id = self.tokenizer.convert_tokens_to_ids(token)
+            if token_id is None or token_id == self.tokenizer.unk_token_id:
+                raise ValueError(f"end token {token!r} is not in the tokenizer of {folder}")
+            found.add(token_id)
+        return sorted(found - {self.end_id})
 
     def execute(self, requests):
         responses = []
@@ -98,13 +117,16 @@ class TritonPythonModel:
             values = inputs.get(name)
             return np.full((rows, 1), default, np.int32) if values is None else values.reshape(rows, 1).astype(np.int32)
 
+        # the model's other end tokens, unless the request names its end (-1 for none: exact lengths)
+        end_words = [[token] for token in self.other_end_ids] if "END_ID" not in inputs else []
+        stop_words = self._word_lists(inputs.get("STOP_WORDS_DICT"), rows, "stop_words", end_words)
         return [
             pb_utils.Tensor("INPUT_ID", input_ids),
             pb_utils.Tensor("REQUEST_INPUT_LEN", np.array([[len(row)] for row in ids], dtype=np.int32)),
             pb_utils.Tensor("REQUEST_OUTPUT_LEN_OUT", output_len.astype(np.int32)),
             pb_utils.Tensor("OUT_END_ID", per_row("END_ID", self.end_id)),
             pb_utils.Tensor("OUT_PAD_ID", per_row("PAD_ID", self.pad_id)),
-            pb_utils.Tensor("STOP_WORDS_IDS", self._word_lists(inputs.get("STOP_WORDS_DICT"), rows, "stop_words")),
+            pb_utils.Tensor("STOP_WORDS_IDS", stop_words),
             pb_utils.Tensor("BAD_WORDS_IDS", self._word_lists(inputs.get("BAD_WORDS_DICT"), rows, "bad_words")),
             pb_utils.Tensor("EMBEDDING_BIAS", self._embedding_bias(inputs, rows)),
         ]
@@ -140,14 +162,15 @@ class TritonPythonModel:
             raise ValueError(f"the prompt has {len(ids)} tokens, more than max_input_len={self.max_input_len}")
         return ids
 
-    def _word_lists(self, values, rows, name):
-        """TensorRT-LLM's ``[rows, 2, n]`` word lists of ``values`` (``[rows, words]`` strings), or ``[rows, 2, 0]``."""
-        if values is None:
+    def _word_lists(self, values, rows, name, extra=()):
+        """TensorRT-LLM's ``[rows, 2, n]`` word lists of ``values`` (``[rows, words]`` strings) and the ``extra``
+        words (token ids) of every row, or ``[rows, 2, 0]`` when there are none."""
+        if values is None and not extra:
             return np.zeros((rows, 2, 0), dtype=np.int32)
         lists = []
-        for words in values.reshape(rows, -1):
+        for words in np.empty((rows, 0), dtype=object) if values is None else values.reshape(rows, -1):
             encoded = [self.tokenizer.encode(word, add_special_tokens=False) for word in _texts(words, name)]
-            encoded = [word for word in encoded if word]
+            encoded = [word for word in encoded if word] + list(extra)
             lists.append(([token for word in encoded for token in word], np.cumsum([len(word) for word in encoded])))
         width = max(1, max(len(flat) for flat, _ in lists))
         array = np.zeros((rows, 2, width), dtype=np.int32)

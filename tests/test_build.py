@@ -286,19 +286,20 @@ def test_a_failed_conversion_leaves_no_folder_and_names_the_error(converting, qw
         build.run(request(qwen_checkpoint, tmp_path / "out"))
 
 
-#: Wiring mistakes in qwen_llm's templates, each a (template, text, replacement) and what the build says of it.
+#: Wiring mistakes in qwen_llm's templates, each a (template, text, replacement) and what the build says of it (a
+#: streaming deployment's postprocessing calls the LLM: it is the first step to read the prompt's length).
 MISWIRED = {
     "input_map typo": (
         "ensemble",
         'input_map { key: "input_lengths" value: "_input_lengths" }',
         'input_map { key: "input_length" value: "_input_lengths" }',
-        "ensemble 'ensemble', step 'tensorrt_llm': input_map key 'input_length' is not an input of 'tensorrt_llm'",
+        "ensemble 'ensemble', step 'postprocessing': input_map key 'input_length' is not an input of 'postprocessing'",
     ),
     "INT64 into INT32": (
         "preprocessing",
         '{ name: "REQUEST_INPUT_LEN" data_type: TYPE_INT32',
         '{ name: "REQUEST_INPUT_LEN" data_type: TYPE_INT64',
-        "ensemble 'ensemble', step 'tensorrt_llm': input 'input_lengths' is TYPE_INT32 and reads '_input_lengths', "
+        "ensemble 'ensemble', step 'postprocessing': input 'input_lengths' is TYPE_INT32 and reads '_input_lengths', "
         "TYPE_INT64 (output 'REQUEST_INPUT_LEN' of step 'preprocessing')",
     ),
 }

@@ -77,8 +77,11 @@ class TritonPythonModel:
         """Send on the LLM's responses to one request, each with the text its tokens add to their sequence's."""
         streams = {}  # (batch_index, sequence_index) -> (detokenizer, the index tensors of its responses)
         try:
-            for response in llm_request.exec(decoupled=True):
-                if sender.is_cancelled():  # the LLM's request runs on: Triton 2.51's BLS cannot cancel it
+            responses = llm_request.exec(decoupled=True)
+            for response in responses:
+                if sender.is_cancelled():
+                    # newer python backends cancel the LLM's request; Triton 2.51's lets it run to its end
+                    getattr(responses, "cancel", lambda: None)()
                     sender.send(flags=FINAL)
                     return
                 if response.has_error():

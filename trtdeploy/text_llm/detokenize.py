@@ -28,8 +28,9 @@ class StreamDetokenizer:
 
     ``decode``: ids to text, as the whole text is decoded (same special-token and clean-up settings). ``context``:
     tokens of what was sent kept to decode the next piece after (more when they decode to nothing, e.g. special tokens
-    that ``decode`` skips: the next piece must not start the text). ``byte_pieces``: the ids of the tokenizer's byte
-    pieces; ``skipped``: the ids ``decode`` drops (they do not end a run of byte pieces).
+    that ``decode`` skips: the next piece must not start the text); they are cut back to that when they reach four
+    times as many, so that a piece costs about one decoding of a few tokens. ``byte_pieces``: the ids of the
+    tokenizer's byte pieces; ``skipped``: the ids ``decode`` drops (they do not end a run of byte pieces).
     """
 
     def __init__(
@@ -46,6 +47,7 @@ class StreamDetokenizer:
         self._skipped = skipped
         self._ids: list[int] = []  # context tokens already sent, then the tokens held back
         self._sent = 0  # how many of them are sent
+        self._sent_text = ""  # their text
 
     def add(self, ids: Sequence[int]) -> str:
         """The text that ``ids``, the stream's next tokens, add (empty while a character is incomplete)."""
@@ -61,13 +63,15 @@ class StreamDetokenizer:
 
     def _send(self, text: str) -> str:
         """``text``, the text of every id kept, less that of those sent; all of them are sent then."""
-        before = self._decode(self._ids[: self._sent]) if self._sent else ""
-        start = max(0, len(self._ids) - self._context)
-        while start > 0 and not self._decode(self._ids[start:]):
-            start -= 1
-        self._ids = self._ids[start:]
-        self._sent = len(self._ids)
-        return text[len(before) :]
+        new = text[len(self._sent_text) :]
+        self._sent, self._sent_text = len(self._ids), text
+        if len(self._ids) >= 4 * self._context:
+            start = len(self._ids) - self._context
+            while not (kept := self._decode(self._ids[start:])) and start > 0:
+                start -= 1
+            self._ids = self._ids[start:]
+            self._sent, self._sent_text = len(self._ids), kept
+        return new
 
 
 class TokenizerText:
@@ -75,8 +79,8 @@ class TokenizerText:
     tokens skipped or not, spaces never cleaned up (which would make a piece's text depend on the next one's)."""
 
     def __init__(self, tokenizer: Any, *, skip_special_tokens: bool) -> None:
-        self.tokenizer = tokenizer
-        self.skip_special_tokens = skip_special_tokens
+        self._tokenizer = tokenizer
+        self._skip_special_tokens = skip_special_tokens
         fallback = getattr(tokenizer.backend_tokenizer.model, "byte_fallback", False)
         vocab = tokenizer.get_vocab() if fallback else {}
         self._byte_pieces = frozenset(index for token, index in vocab.items() if BYTE_PIECE.fullmatch(token))
@@ -84,8 +88,8 @@ class TokenizerText:
         self._skipped = frozenset(specials | set(tokenizer.all_special_ids)) if skip_special_tokens else frozenset()
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(
-            list(ids), skip_special_tokens=self.skip_special_tokens, clean_up_tokenization_spaces=False
+        return self._tokenizer.decode(
+            list(ids), skip_special_tokens=self._skip_special_tokens, clean_up_tokenization_spaces=False
         )
 
     def stream(self) -> StreamDetokenizer:

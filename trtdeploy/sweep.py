@@ -21,6 +21,7 @@ from typing import Any
 
 from . import build as builder
 from .benchmark import PerfSettings, benchmark, check_for_workload, resolve_workload
+from .deployment import MANIFEST
 from .errors import ExitCode, Interrupted, PerfError, TrtDeployError, UsageError
 from .fsutil import atomic_write_text, prepare_output_dir
 from .matrix import plan_all
@@ -140,9 +141,9 @@ def _stamp(path: Path) -> list[tuple[str, int, int]] | None:
     return [(str(each.relative_to(path)), each.stat().st_size, each.stat().st_mtime_ns) for each in files]
 
 
-def _complete_run(base: Path, *, scored: bool) -> Path | None:
-    """A run folder ``base`` (or ``base-N``) whose summary.json says it completed (and, ``scored``, that its speech
-    was scored: a run cut during the scoring is complete without it)."""
+def _complete_run(base: Path, *, scored: bool) -> PerfRun | None:
+    """The run in folder ``base`` (or ``base-N``) whose summary.json says it completed (and, ``scored``, that its
+    speech was scored: a run cut during the scoring is complete without it)."""
     for folder in sorted(base.parent.glob(f"{base.name}*")):
         if folder.name != base.name and not folder.name[len(base.name) :].lstrip("-").isdigit():
             continue
@@ -151,7 +152,7 @@ def _complete_run(base: Path, *, scored: bool) -> Path | None:
         except (OSError, ValueError):
             continue
         if isinstance(summary, dict) and summary.get("status") == "complete" and (summary.get("asr") or not scored):
-            return folder
+            return PerfRun(summary, output_dir=folder)
     return None
 
 
@@ -291,10 +292,10 @@ def _measure_point(
             raise
         base = sweep.output_dir / RUNS_DIR / point.label / f"{point.deployment_hash[:12]}-{sweep.perf_key[:12]}"
         done = _complete_run(base, scored=settings.perf.asr is not None)
-        if done is not None:
-            point.status, point.run_dir = REUSED, str(done.relative_to(sweep.output_dir))
-            say(f"{prefix}: measured before with the same deployment and perf settings: {done}")
-            _check_error_rate(PerfRun(_read_summary(done), output_dir=done), settings, point, prefix, warn)
+        if done is not None and done.output_dir is not None:
+            point.status, point.run_dir = REUSED, str(done.output_dir.relative_to(sweep.output_dir))
+            say(f"{prefix}: measured before with the same deployment and perf settings: {done.output_dir}")
+            _check_error_rate(done, settings, point, prefix, warn)
             return None
         run_dir = _fresh_run_dir(base)
         say(f"{prefix}: serve")
@@ -332,10 +333,6 @@ def _measure_point(
         point.seconds = round((datetime.now() - started).total_seconds(), 1)
 
 
-def _read_summary(run_dir: Path) -> dict[str, Any]:
-    return json.loads((run_dir / SUMMARY_JSON).read_text(encoding="utf-8"))
-
-
 def _check_error_rate(
     run: PerfRun, settings: SweepSettings, point: Point, prefix: str, warn: Callable[[str], None]
 ) -> None:
@@ -355,19 +352,19 @@ def _finish(sweep: Sweep, settings: SweepSettings, warn: Callable[[str], None]) 
         comparison = compare([sweep.output_dir / str(point.run_dir) for point in measured], [p.label for p in measured])
         sweep.family = comparison.family
         levels = levels_of(comparison, [point.gpus or 1 for point in measured])
-        has_slo = any(run.slo is not None for run in comparison.runs)
         for index, (point, run) in enumerate(zip(measured, comparison.runs, strict=True)):
-            own = best_level([level for level in levels if level.run == index], slo=has_slo)
+            own = best_level([level for level in levels if level.run == index], slo=sweep.slo)
             point.best = None if own is None else describe_level(comparison.family, own)
             point.found = (run.summary.get("search") or {}).get("found")
-        best = best_level(levels, slo=has_slo)
-        sweep.best = None if best is None else {"point": measured[best.run].label, "under_slo": has_slo}
+        best = best_level(levels, slo=sweep.slo)
+        sweep.best = None
         if best is not None:
-            sweep.best.update(describe_level(comparison.family, best))
+            label = measured[best.run].label
+            sweep.best = {"point": label, "under_slo": sweep.slo, **describe_level(comparison.family, best)}
         sweep.files = write_report(comparison, sweep.output_dir, plots=settings.perf.plots, warn=warn)
         if settings.perf.plots:
             sweep.files += draw_plots(
-                lambda: [write_pareto_plot(comparison, levels, best, sweep.output_dir, slo=has_slo)], warn
+                lambda: [write_pareto_plot(comparison, levels, best, sweep.output_dir, slo=sweep.slo)], warn
             )
     markdown = sweep.output_dir / SWEEP_MD
     atomic_write_text(markdown, markdown_table(*points_table(sweep)))
@@ -416,6 +413,6 @@ def points_table(sweep: Sweep) -> tuple[list[str], list[list[str]], list[str]]:
 
 def check_output_dir(output_dir: Path) -> None:
     """Refuse a sweep folder that is a perf run's or a deployment's (its files would be mixed with theirs)."""
-    for name, what in ((SUMMARY_JSON, "a perf run"), ("manifest.json", "a deployment")):
+    for name, what in ((SUMMARY_JSON, "a perf run"), (MANIFEST, "a deployment")):
         if (output_dir / name).is_file():
             raise UsageError(f"--output-dir {output_dir} is {what}", hint="pass another folder for the sweep")

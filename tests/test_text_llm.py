@@ -56,6 +56,10 @@ def test_streamed_pieces_join_into_the_whole_text(tokenizers, kind):
     for _ in range(200):  # what a random model says: any tokens, special and byte pieces among them
         ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randint(1, 24))]
         assert "".join(streamed(tokenizer, ids, [1] * len(ids))) == decode(ids), ids
+    for _ in range(20):  # long enough for the context to be cut back many times, in pieces of any size
+        ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randint(50, 200))]
+        sizes = [rng.randint(1, 5) for _ in ids]
+        assert "".join(streamed(tokenizer, ids, sizes)) == decode(ids), ids
 
 
 def test_a_piece_keeps_the_leading_space_that_decoding_it_alone_drops(tokenizers):
@@ -79,6 +83,43 @@ def test_a_character_spelled_in_bytes_comes_whole(tokenizers, kind):
     cut = ids[: ids.index(ids[-1]) if kind == "llama" else -1]  # the stream ends inside the second 😀
     pieces = streamed(tokenizer, cut, [1] * len(cut))
     assert "".join(pieces) == decode(cut) and pieces[-1].endswith("\ufffd")  # flushed as the whole text has it
+
+
+@pytest.mark.parametrize("kind", TOKENIZER_KINDS)
+@pytest.mark.parametrize("loop", ["invalid byte", "special token", "id past the vocabulary"])
+def test_a_model_looping_on_a_token_without_text_costs_a_few_tokens_decoded_per_piece(
+    tokenizers, kind, loop, monkeypatch
+):
+    """A random model can loop on a token that adds no text of its own: a lone UTF-8 continuation byte (the text then
+    ends in U+FFFD after every token, or a run of byte pieces goes on), a special token that decoding skips, or an id
+    of the embedding's padded rows, past the tokenizer's vocabulary. The stream still costs a few tokens decoded per
+    piece, not the stream so far, and every invalid byte of a byte-level tokenizer is sent one token behind its own."""
+    tokenizer = tokenizers[kind]
+    text = TokenizerText(tokenizer, skip_special_tokens=True)
+    if loop == "special token":
+        looped = tokenizer.all_special_ids[0]
+    elif loop == "id past the vocabulary":
+        looped = len(tokenizer) + 10
+    elif kind == "llama":  # sentencepiece: a byte piece, the run held until a piece that is not a byte ends it
+        looped = tokenizer.convert_tokens_to_ids("<0x80>")
+    else:
+        looped = next(index for index in range(len(tokenizer)) if text.decode([index] * 2) == "\ufffd" * 2)
+    ids = tokenizer("ok 😀", add_special_tokens=False)["input_ids"] + [looped] * 500
+    ids += tokenizer(" end", add_special_tokens=False)["input_ids"]
+    whole = text.decode(ids)
+    decoded, decode = [], tokenizer.decode
+
+    def counting_decode(window, **options):
+        decoded.append(len(window))
+        return decode(window, **options)
+
+    monkeypatch.setattr(tokenizer, "decode", counting_decode)
+    detokenizer = text.stream()
+    pieces = [detokenizer.add([token]) for token in ids] + [detokenizer.flush()]
+    assert "".join(pieces) == whole
+    assert sum(decoded) <= 20 * len(ids)  # the stream so far at every piece would be over 100,000
+    if loop == "invalid byte" and kind != "llama":
+        assert sum(piece == "\ufffd" for piece in pieces) >= 490
 
 
 # --- model families configured in a few lines, end to end --------------------------------------------------------

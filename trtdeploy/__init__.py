@@ -1,13 +1,16 @@
 """trtdeploy: from a Hugging Face checkpoint to a benchmarked Triton deployment.
 
-The public API for plugins is what this module exports (plus :mod:`trtdeploy.perf.workload` for perf workloads).
+The public API for plugins is what this module exports (``__all__``; docs/writing-plugins.md lists and explains each
+name): a plugin imports nothing else of trtdeploy. The perf workloads and the helpers of Triton python models load
+on first use, so that importing trtdeploy stays cheap.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from .checkpoints import TinyShape, TokenizerKind, write_random_causal_lm
+from .checkpoints import QWEN2_0_5B, TinyShape, TokenizerKind, write_random_causal_lm
 from .deployment import Deployment
 from .engines.base import BuildStep, Engine
 from .errors import (
@@ -46,40 +49,100 @@ def newest_trtllm_release() -> TrtllmRelease:
     return releases.newest()
 
 
-def __getattr__(name: str) -> Any:
-    if name == "TrtllmRelease":  # the row's type, loaded on first use as the functions above do
-        from .engines.trtllm.releases import Release
+#: What Triton python models use of :mod:`.backend_utils`.
+_BACKEND_HELPERS = (
+    "ModelParameters",
+    "RequestError",
+    "Sampling",
+    "call_model",
+    "decode_text",
+    "error_response",
+    "first_sequence",
+    "generate_segment",
+    "has_input",
+    "optional_scalar",
+    "read_sampling",
+    "reference_wav",
+    "row_tensor",
+    "segment_seed",
+)
+#: Names loaded on first use, and the module each comes from.
+_LAZY = {
+    "TrtllmRelease": ".engines.trtllm.releases:Release",  # the release facts' type, as the functions above load it
+    **{
+        name: f".perf.workload:{name}"
+        for name in ("Chunk", "InputRow", "ModelInfo", "Request", "RequestOptions", "Result", "TensorSpec", "Workload")
+    },
+    "TextLLMWorkload": ".perf.llm:TextLLMWorkload",
+    "TTSWorkload": ".perf.tts:TTSWorkload",
+    "ASRWorkload": ".perf.asr_workload:ASRWorkload",
+    # helpers of Triton python models (run inside Triton's python backend, which provides their pb_utils)
+    **{name: f".backend_utils:{name}" for name in _BACKEND_HELPERS},
+}
 
-        return Release
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attribute = target.split(":")
+    value = getattr(importlib.import_module(module, __name__), attribute)
+    globals()[name] = value
+    return value
 
 
 __all__ = [
-    "MODES",
+    "ASRWorkload",
     "BuildContext",
     "BuildError",
     "BuildPoint",
     "BuildStep",
+    "Chunk",
     "Deployment",
     "Engine",
     "ExitCode",
+    "InputRow",
     "Interrupted",
+    "MODES",
     "Mode",
+    "ModelInfo",
+    "ModelParameters",
     "ModelSpec",
     "NetworkError",
     "NotFoundError",
     "PerfError",
+    "QWEN2_0_5B",
+    "Request",
+    "RequestError",
+    "RequestOptions",
+    "Result",
+    "Sampling",
     "ServerError",
+    "TTSWorkload",
+    "TensorSpec",
     "TextLLMOptions",
     "TextLLMSpec",
+    "TextLLMWorkload",
     "TinyShape",
     "TokenizerKind",
     "TrtDeployError",
     "TrtllmRelease",
     "UsageError",
+    "Workload",
     "__version__",
+    "call_model",
+    "decode_text",
+    "error_response",
+    "first_sequence",
+    "generate_segment",
+    "has_input",
     "hookimpl",
     "newest_trtllm_release",
+    "optional_scalar",
+    "read_sampling",
+    "reference_wav",
+    "row_tensor",
+    "segment_seed",
     "trtllm_release",
     "write_random_causal_lm",
 ]

@@ -22,8 +22,7 @@ from .prompt_mel import SAMPLE_RATE
 from .speaker import CAMPPLUS
 
 if TYPE_CHECKING:
-    from trtdeploy.perf.tts import TTSWorkload
-    from trtdeploy.perf.workload import ModelInfo
+    from trtdeploy import ModelInfo, TTSWorkload
 
 __version__ = "0.1.0"
 
@@ -266,7 +265,7 @@ class CosyVoice(ModelSpec):
         return _workload(deployment.entry_model, deployment.decoupled)
 
     def recognizes(self, model: ModelInfo) -> bool:
-        from trtdeploy.perf.tts import TTSWorkload
+        from trtdeploy import TTSWorkload
 
         # Spark-TTS speaks the same tensors: a CosyVoice model is told by the generation trtdeploy's configuration
         # names, else by its name (the official runtime's: cosyvoice2, cosyvoice3, and their _offline twins)
@@ -279,7 +278,7 @@ class CosyVoice(ModelSpec):
 
 
 def _workload(model_name: str, decoupled: bool) -> TTSWorkload:
-    from trtdeploy.perf.tts import TTSWorkload
+    from trtdeploy import TTSWorkload
 
     return TTSWorkload(
         model_name=model_name, decoupled=decoupled, sample_rate=SAMPLE_RATE, tokens_per_second=TOKENS_PER_SECOND

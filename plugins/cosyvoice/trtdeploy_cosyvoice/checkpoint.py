@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from trtdeploy.checkpoints import QWEN2_0_5B, TinyShape, write_random_causal_lm
+from trtdeploy import QWEN2_0_5B, TinyShape, write_random_causal_lm
 
 from .convert import BLANK_LLM, LLM_WEIGHTS
 from .generations import GENERATIONS, SPEECH_TOKENIZER_FILES, SPEECH_TOKENS, GenerationName

@@ -19,8 +19,7 @@ from .prompt import GLOBAL_TOKENS, SAMPLE_RATE, TOKENS_PER_SECOND
 from .streaming import STREAM_FORMATS
 
 if TYPE_CHECKING:
-    from trtdeploy.perf.tts import TTSWorkload
-    from trtdeploy.perf.workload import ModelInfo
+    from trtdeploy import ModelInfo, TTSWorkload
 
 __version__ = "0.1.0"
 
@@ -233,7 +232,7 @@ class SparkTTS(ModelSpec):
         )
 
     def recognizes(self, model: ModelInfo) -> bool:
-        from trtdeploy.perf.tts import TTSWorkload
+        from trtdeploy import TTSWorkload
 
         # CosyVoice speaks the same tensors: Spark-TTS is told by its name (the official runtime's, and trtdeploy's
         # spark_tts and spark_tts_offline) or by the stream settings trtdeploy's configuration holds
@@ -257,7 +256,7 @@ class SparkTTS(ModelSpec):
 def _workload(model_name: str, decoupled: bool, stream_format: str | None, overlap_seconds: float) -> TTSWorkload:
     """The TTS workload of a Spark-TTS model: streamed chunks overlap by ``overlap_seconds`` when the model streams
     in the ``overlapped`` format."""
-    from trtdeploy.perf.tts import TTSWorkload
+    from trtdeploy import TTSWorkload
 
     overlapped = decoupled and stream_format == "overlapped"
     return TTSWorkload(

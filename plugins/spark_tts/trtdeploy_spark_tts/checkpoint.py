@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
-from trtdeploy.checkpoints import QWEN2_0_5B, TinyShape
+from trtdeploy import QWEN2_0_5B, TinyShape
 
 from .prompt import added_tokens
 
@@ -31,7 +31,7 @@ def write_random_checkpoint(
     speaks: Literal["semantic", "nothing"] = "semantic",
 ) -> None:
     """Write config.yaml, BiCodec/, wav2vec2-large-xlsr-53/ and LLM/ with random weights into ``dest``."""
-    from trtdeploy.checkpoints import write_random_causal_lm
+    from trtdeploy import write_random_causal_lm
 
     from .bicodec import write_random_checkpoint_parts
 

@@ -21,8 +21,7 @@ from .audio import FEATURE_DTYPES, SAMPLE_RATE, WINDOW_SAMPLES
 from .tokens import TASKS
 
 if TYPE_CHECKING:
-    from trtdeploy.perf.asr_workload import ASRWorkload
-    from trtdeploy.perf.workload import ModelInfo
+    from trtdeploy import ASRWorkload, ModelInfo
 
 __version__ = "0.1.0"
 
@@ -185,7 +184,7 @@ class Whisper(ModelSpec):
         return lines
 
     def workload(self, deployment: Deployment) -> ASRWorkload:
-        from trtdeploy.perf.asr_workload import ASRWorkload
+        from trtdeploy import ASRWorkload
 
         # the tokenizer lets --ignore-eos hold each request to its reference transcript's token count
         return ASRWorkload(
@@ -193,12 +192,12 @@ class Whisper(ModelSpec):
         )
 
     def recognizes(self, model: ModelInfo) -> bool:
-        from trtdeploy.perf.asr_workload import ASRWorkload
+        from trtdeploy import ASRWorkload
 
         return ASRWorkload.speaks(model)
 
     def served_workload(self, model: ModelInfo, *, tokenizer_dir: Path | None) -> ASRWorkload:
-        from trtdeploy.perf.asr_workload import ASRWorkload
+        from trtdeploy import ASRWorkload
 
         return ASRWorkload(model_name=model.name, decoupled=model.decoupled, tokenizer_dir=tokenizer_dir)
 

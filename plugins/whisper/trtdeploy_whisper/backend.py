@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
-from trtdeploy.backend_utils import ModelParameters, RequestError, error_response, first_sequence
+from trtdeploy import ModelParameters, RequestError, error_response, first_sequence
 
 from .audio import SAMPLE_RATE, WINDOW_FRAMES, AudioError, LogMel, utterances, windows
 from .tokens import PromptError, WhisperText

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trtdeploy.backend_utils import ModelParameters, reference_wav
+from trtdeploy import ModelParameters, reference_wav
 
 from ..speaker import SAMPLE_RATE as REFERENCE_RATE
 from ..speaker import SpeakerEncoder

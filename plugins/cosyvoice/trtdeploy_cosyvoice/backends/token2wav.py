@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trtdeploy.backend_utils import ModelParameters, optional_scalar
+from trtdeploy import ModelParameters, optional_scalar
 
 from ..token2wav.hift import StreamCache
 from ..token2wav.model import FlowJob, Token2Wav

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trtdeploy.backend_utils import (
+from trtdeploy import (
     ModelParameters,
     RequestError,
     Sampling,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trtdeploy.backend_utils import ModelParameters, optional_scalar
+from trtdeploy import ModelParameters, optional_scalar
 
 from ..token2wav.model import Token2Wav
 

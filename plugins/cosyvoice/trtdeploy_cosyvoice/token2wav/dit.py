@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trtdeploy.errors import UsageError
+from trtdeploy import UsageError
 
 from .unet import frame_attention_mask, sinusoidal_time_embedding
 

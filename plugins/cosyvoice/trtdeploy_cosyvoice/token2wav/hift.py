@@ -35,7 +35,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 from torch.nn.utils.parametrizations import weight_norm
 
-from trtdeploy.errors import UsageError
+from trtdeploy import UsageError
 
 #: Snake's guard against a zero alpha.
 _SNAKE_EPS = 1e-9

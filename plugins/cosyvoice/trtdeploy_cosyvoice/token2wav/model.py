@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from trtdeploy.errors import UsageError
+from trtdeploy import UsageError
 
 from .. import FLOW_WEIGHTS, VOCODER_WEIGHTS
 from ..generations import GenerationName

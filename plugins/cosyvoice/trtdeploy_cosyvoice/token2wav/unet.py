@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trtdeploy.errors import UsageError
+from trtdeploy import UsageError
 
 from .conformer import chunk_visibility
 

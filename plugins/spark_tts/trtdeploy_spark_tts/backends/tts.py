@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trtdeploy.backend_utils import (
+from trtdeploy import (
     ModelParameters,
     RequestError,
     Sampling,

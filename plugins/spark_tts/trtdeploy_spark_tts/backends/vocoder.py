@@ -11,7 +11,7 @@ from collections import defaultdict
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trtdeploy.backend_utils import ModelParameters
+from trtdeploy import ModelParameters
 
 from ..prompt import GLOBAL_CODES, GLOBAL_TOKENS, SEMANTIC_CODES
 

@@ -213,6 +213,30 @@ def test_a_step_whose_script_is_missing_names_it(qwen_checkpoint, tmp_path, monk
     assert "TRTDEPLOY_TRTLLM_EXAMPLES" in info.value.hint
 
 
+def test_a_step_whose_program_is_missing_fails_it_with_exit_4(qwen_checkpoint, tmp_path, monkeypatch, capsys):
+    """A program that is not installed fails its step in one line (exit 4), not with a traceback."""
+    from trtdeploy.cli.main import main
+
+    step = BuildStep("build", "build the engine", argv=("trtllm-build-not-installed", "--checkpoint_dir", "x"))
+    monkeypatch.setattr(type(plugins.get_engine("torch")), "steps", lambda self, ctx: [step])
+    argv = ["build", "qwen_llm", "--gpu", "cpu", "--model-dir", str(qwen_checkpoint), "--output-dir", str(tmp_path)]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 4
+    error = capsys.readouterr().err
+    assert "Error: build step 'build' runs 'trtllm-build-not-installed', which is not installed" in error
+    assert "Traceback" not in error
+    failed = tmp_path / "qwen_llm" / "torch-fp32-bs8-tp1pp1-streaming.failed"
+    [record] = json.loads((failed / "manifest.json").read_text())["steps"]
+    assert record["returncode"] == 127 and record["missing_program"] == "trtllm-build-not-installed"
+
+
+@pytest.mark.parametrize(("given", "word"), [({}, "neither"), ({"argv": ("true",), "run": print}, "both")])
+def test_a_build_step_takes_exactly_one_of_argv_and_run(given, word):
+    with pytest.raises(TypeError, match=f"build step 'convert' needs exactly one of argv or run, got {word}"):
+        BuildStep("convert", "convert", **given)
+
+
 def test_an_interrupted_step_leaves_no_step_after_it_marked_done(qwen_checkpoint, tmp_path, monkeypatch):
     def interrupt(log: Path) -> None:
         raise KeyboardInterrupt

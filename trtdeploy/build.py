@@ -586,6 +586,11 @@ def _execute(
                 hint="build inside the serving image (see the Dockerfile) or point TRTDEPLOY_TRTLLM_EXAMPLES at the "
                 "examples/ folder of the same TensorRT-LLM release",
             )
+        if record.get("missing_program"):
+            raise BuildError(
+                f"build step {step.name!r} runs {record['missing_program']!r}, which is not installed (not on PATH)",
+                hint="install it, or build inside the serving image (see the Dockerfile)",
+            )
         if record["returncode"] != 0:
             tail = _tail(logs / f"{step.name}.log")
             raise BuildError(f"build step {step.name!r} failed (exit code {record['returncode']})", details=tail)
@@ -617,8 +622,13 @@ def _run_step(step: BuildStep, log: Path, *, cwd: Path) -> dict[str, Any]:
             record["missing"] = missing
         elif step.argv:
             env = {**os.environ, **step.env}
-            completed = subprocess.run(step.argv, cwd=cwd, env=env, stdout=handle, stderr=subprocess.STDOUT)
-            record["returncode"] = completed.returncode
+            try:
+                completed = subprocess.run(step.argv, cwd=cwd, env=env, stdout=handle, stderr=subprocess.STDOUT)
+                record["returncode"] = completed.returncode
+            except (FileNotFoundError, PermissionError) as exc:  # the program itself: not installed, not executable
+                handle.write(f"cannot run {step.argv[0]}: {exc.strerror}\n")
+                record["returncode"] = 127
+                record["missing_program"] = step.argv[0]
         else:
             assert step.run is not None
             try:

@@ -34,6 +34,11 @@ class BuildStep:
     #: missing one fails the step with a message naming it, instead of a traceback in its log.
     requires: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        if bool(self.argv) == (self.run is not None):
+            given = "both" if self.argv else "neither"
+            raise TypeError(f"build step {self.name!r} needs exactly one of argv or run, got {given}")
+
 
 class Engine(ABC):
     """Serves the LLM contract (``input_ids`` … in, ``output_ids``/``sequence_length`` out) as a Triton model."""

@@ -115,6 +115,81 @@ def test_duplicate_model_names_are_an_error(test_plugin):
         plugins.pm.unregister(name="twin-plugin")
 
 
+class MisspeltSpec(EchoSpec):
+    name = "misspelt_test_model"
+
+    def template_contxt(self, ctx: trtdeploy.BuildContext) -> dict[str, Any]:
+        return {"never": "read"}
+
+
+class ShortSpec(EchoSpec):
+    name = "short_test_model"
+
+    def entry_model(self) -> str:  # type: ignore[override]
+        return "echo"
+
+
+class NamelessEngine(Engine):
+    """NullEngine without its ``name``."""
+
+    precisions = NullEngine.precisions
+    templates_dir = NullEngine.templates_dir
+    unavailable_reason = NullEngine.unavailable_reason
+    default_precision = NullEngine.default_precision
+    template_context = NullEngine.template_context
+
+
+#: What a plugin registers (a callable of ``register``) and the warning that skips it.
+BAD_REGISTRATIONS = {
+    "not a spec": (
+        "register_models",
+        lambda register: register("qwen"),
+        "TypeError: register() takes a ModelSpec instance, got 'qwen' (str)",
+    ),
+    "misspelt override": (
+        "register_models",
+        lambda register: register(MisspeltSpec()),
+        "'template_contxt' is not a member of ModelSpec: a misspelling of 'template_context'?",
+    ),
+    "wrong signature": (
+        "register_models",
+        lambda register: register(ShortSpec()),
+        "model ShortSpec: entry_model(self) cannot stand for ModelSpec.entry_model(self, mode): no argument 'mode'",
+    ),
+    "one name twice": (
+        "register_models",
+        lambda register: [register(EchoSpec()), register(EchoSpec())],
+        "ValueError: model 'echo_test_model' is registered twice",
+    ),
+    "no name": (
+        "register_engines",
+        lambda register: register(NamelessEngine()),
+        "engine NamelessEngine: 'name' is not set",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", BAD_REGISTRATIONS)
+def test_a_bad_registration_skips_its_plugin_with_the_reason(kind):
+    """What a plugin registers is checked as it registers it: the plugin is named and skipped, the others work."""
+    hook, body, reason = BAD_REGISTRATIONS[kind]
+    plugin = type("BadPlugin", (), {hook: staticmethod(trtdeploy.hookimpl(specname=hook)(body))})
+    plugins.load_plugins()
+    plugins.pm.register(plugin(), name="bad-plugin")
+    plugins.forget_registrations()
+    try:
+        with pytest.warns(plugins.PluginLoadWarning) as warned:
+            registry = plugins.get_models() if hook == "register_models" else plugins.get_engines()
+        [message] = [str(warning.message) for warning in warned]
+        assert message.startswith("plugin 'bad-plugin' failed to load and is skipped (")
+        assert reason in message
+        assert "echo_test_model" not in registry and ("qwen_llm" in registry or "torch" in registry)
+    finally:
+        plugins.pm.unregister(name="bad-plugin")
+        plugins.forget_registrations()
+        plugins._failed.pop("bad-plugin", None)
+
+
 def test_unknown_model_lists_installed_ones():
     with pytest.raises(trtdeploy.NotFoundError) as info:
         plugins.get_model("no_such_model")

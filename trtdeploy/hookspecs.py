@@ -29,7 +29,9 @@ def register_models(register: Callable[[ModelSpec], None]) -> None:
     """Register the deployable models this plugin provides.
 
     Call ``register(spec)`` once per :class:`trtdeploy.ModelSpec` instance. Model names must be unique across all
-    plugins; a clash is reported as an error naming both plugins.
+    plugins; a clash is reported as an error naming both plugins. ``register`` checks what it is given: anything
+    but a ModelSpec, a member left unset or misspelt, an override the core cannot call as the base's, or one name
+    registered twice skips this plugin with a warning naming it and the problem.
 
     :param register: Call it with each model spec.
     """
@@ -39,8 +41,8 @@ def register_models(register: Callable[[ModelSpec], None]) -> None:
 def register_engines(register: Callable[[Engine], None]) -> None:
     """Register engines that can serve the LLM contract (``--engine`` values).
 
-    Call ``register(engine)`` once per :class:`trtdeploy.Engine` instance. The built-in ``torch`` engine is
-    registered through this same hook.
+    Call ``register(engine)`` once per :class:`trtdeploy.Engine` instance, checked as in :func:`register_models`.
+    The built-in ``torch`` engine is registered through this same hook.
 
     :param register: Call it with each engine.
     """

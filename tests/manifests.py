@@ -6,6 +6,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from trtdeploy.manifest import SCHEMA
 from trtdeploy.spec import BuildPoint
 
 
@@ -27,7 +28,7 @@ def write_manifest(
     }  # fmt: skip
     llm = str(llm_dir or path / "checkpoint")
     manifest = {
-        "schema": 1,
+        "schema": SCHEMA,
         "status": status,
         "point": {**dataclasses.asdict(BuildPoint(**fields)), "options": {}},
         "entry_model": entry_model,

@@ -57,6 +57,15 @@ def test_an_unchanged_point_is_not_rebuilt_and_force_rebuilds(qwen_checkpoint, t
     assert not changed.up_to_date and changed.deployment.path.name.endswith("-offline")
 
 
+def test_a_deployment_of_another_manifest_schema_is_rebuilt(qwen_checkpoint, tmp_path):
+    first = build.run(request(qwen_checkpoint, tmp_path)).deployment
+    (first.path / "manifest.json").write_text(json.dumps({**first.manifest, "schema": 0}))
+    with pytest.raises(UsageError, match="is of manifest schema 0"):
+        Deployment.load(first.path)
+    again = build.run(request(qwen_checkpoint, tmp_path))
+    assert not again.up_to_date and again.deployment.manifest["schema"] == first.manifest["schema"]
+
+
 def test_dry_run_plans_everything_and_touches_nothing(qwen_checkpoint, tmp_path):
     result = run_cli(
         "build", "qwen_llm", "--gpu", "cpu", "--model-dir", str(qwen_checkpoint),

@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, gpus, plugins
-from .deployment import COMPLETE, MANIFEST, SCHEMA, Deployment
+from .deployment import Deployment
 from .download import Checkpoint, download, fetch_config, local_checkpoint
 from .engines.base import BuildStep, Engine
 from .errors import BuildError, TrtDeployError, UsageError
 from .fsutil import atomic_dir, cache_dir, scratch_beside
+from .manifest import COMPLETE, SCHEMA, reusable_manifest, write_manifest
 from .memory import WEIGHT_BYTES, MemoryEstimate, ModelShape, estimate
 from .repo import TemplateSource, render_repository, template_models
 from .server._process import process_alive
@@ -441,7 +442,7 @@ def execute(built: Plan, *, force: bool = False, on_step: Callable[[str], None] 
     except BaseException as exc:
         manifest["status"] = "failed"
         manifest["error"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc)
-        _write_manifest(scratch, manifest)
+        write_manifest(scratch, manifest)
         failed = final.with_name(final.name + ".failed")
         shutil.rmtree(failed, ignore_errors=True)
         scratch.rename(failed)
@@ -505,25 +506,16 @@ def engine_key(built: Plan) -> str | None:
     return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _complete_manifest(final: Path) -> dict[str, Any]:
-    """The manifest of the complete deployment at ``final`` ({} when there is none, or it is not complete)."""
-    try:
-        manifest = json.loads((final / MANIFEST).read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return manifest if isinstance(manifest, dict) and manifest.get("status") == COMPLETE else {}
-
-
 def _reusable_engines(final: Path, key: str | None) -> Path | None:
     """The engines folder of the complete deployment at ``final`` when it was built from the same engine inputs."""
     engines = final / "engines"
-    if key is not None and _complete_manifest(final).get("engine_key") == key and engines.is_dir():
+    if key is not None and (reusable_manifest(final) or {}).get("engine_key") == key and engines.is_dir():
         return engines
     return None
 
 
 def _is_up_to_date(final: Path, digest: str) -> bool:
-    return _complete_manifest(final).get("hash") == digest
+    return (reusable_manifest(final) or {}).get("hash") == digest
 
 
 def _remove_stale_scratch(final: Path) -> None:
@@ -555,12 +547,6 @@ def _manifest(built: Plan, digest: str) -> dict[str, Any]:
     }
 
 
-def _write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
-    tmp = folder / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-    tmp.replace(folder / MANIFEST)
-
-
 def _execute(
     built: Plan, scratch: Path, manifest: dict[str, Any], on_step: Callable[[str], None], reusable: Path | None
 ) -> None:
@@ -574,12 +560,12 @@ def _execute(
         manifest["steps"] = [{"name": step.name, "reused": True, "returncode": 0} for step in built.steps]
     else:
         (scratch / "engines").mkdir()
-    _write_manifest(scratch, manifest)
+    write_manifest(scratch, manifest)
     for step in built.steps if reusable is None else ():
         on_step(step.description or step.name)
         record = _run_step(step, logs / f"{step.name}.log", cwd=scratch)
         manifest["steps"].append(record)
-        _write_manifest(scratch, manifest)
+        write_manifest(scratch, manifest)
         if record.get("missing"):
             raise BuildError(
                 f"build step {step.name!r} needs {record['missing'][0]}, which does not exist",
@@ -608,7 +594,7 @@ def _execute(
         manifest["steps"].append({**record, "duration_s": round(time.monotonic() - render_started, 3)})
     manifest["status"] = COMPLETE
     manifest["duration_s"] = round(time.monotonic() - started, 3)
-    _write_manifest(scratch, manifest)
+    write_manifest(scratch, manifest)
 
 
 def _run_step(step: BuildStep, log: Path, *, cwd: Path) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from functools import cached_property
@@ -10,11 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BuildError, NotFoundError
+from .manifest import COMPLETE, MANIFEST, REBUILD, load_complete, manifest_status
 from .spec import BuildPoint
-
-MANIFEST = "manifest.json"
-SCHEMA = 1
-COMPLETE = "complete"
 
 
 @dataclass(frozen=True)
@@ -37,26 +33,14 @@ class Deployment:
             raise NotFoundError(
                 f"{path} is not a deployment folder (no {MANIFEST})", hint="pass a folder written by `trtdeploy build`"
             )
-        try:
-            manifest = json.loads(manifest_path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise BuildError(
-                f"{manifest_path} is unreadable ({exc})", hint="rebuild with `trtdeploy build --force`"
-            ) from None
-        status = manifest.get("status")
-        if status != COMPLETE:
-            reason = manifest.get("error") or "the build did not finish"
-            raise BuildError(
-                f"deployment {path} is not a complete build (status {status!r}: {reason})",
-                hint=f"see its logs in {path / 'logs'}, then rerun `trtdeploy build ... --force`",
-            )
+        manifest = load_complete(path)
         deployment = cls(path=path.resolve(), manifest=manifest)
         try:  # everything serve and perf read, read once here: a damaged manifest is refused as a whole
             deployment.point, deployment.entry_model, deployment.models, deployment.llm_dir  # noqa: B018
-        except (KeyError, TypeError, ValueError) as exc:
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise BuildError(
                 f"{manifest_path} is damaged ({type(exc).__name__}: {exc})",
-                hint="rebuild with `trtdeploy build ... --force`",
+                hint=REBUILD,
             ) from None
         return deployment
 
@@ -119,30 +103,18 @@ class Deployment:
 
 
 def iter_manifests(root: Path) -> list[Path]:
-    """Every manifest.json in ``root`` or up to four folders below it (``deployments/<model>/<point>/``)."""
-    found: list[Path] = []
-    for depth in ("*", "*/*", "*/*/*", "*/*/*/*"):
-        found.extend(root.glob(f"{depth}/{MANIFEST}") if depth != "*" else root.glob(MANIFEST))
-    return found
+    """Every manifest.json in ``root`` or up to four folders below it: from a deployment folder,
+    ``deployments/<model>/``, ``deployments/`` or the project holding it, each finds the deployments under it."""
+    return [path for depth in range(5) for path in root.glob("*/" * depth + MANIFEST)]
 
 
 def find_latest(root: Path | None = None) -> Deployment:
     """The most recently finished complete deployment under ``root`` (default: the current folder)."""
     root = Path(root or os.getcwd())
-    best: tuple[float, Path] | None = None
-    for manifest_path in iter_manifests(root):
-        try:
-            manifest = json.loads(manifest_path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if manifest.get("status") != COMPLETE:
-            continue
-        stamp = manifest_path.stat().st_mtime
-        if best is None or stamp > best[0]:
-            best = (stamp, manifest_path.parent)
-    if best is None:
+    complete = [path for path in iter_manifests(root) if manifest_status(path) == COMPLETE]
+    if not complete:
         raise NotFoundError(
             f"no complete deployment found under {root}",
             hint="build one with `trtdeploy build MODEL`, or pass the deployment folder",
         )
-    return Deployment.load(best[1])
+    return Deployment.load(max(complete, key=lambda path: path.stat().st_mtime).parent)

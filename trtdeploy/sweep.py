@@ -21,9 +21,9 @@ from typing import Any
 
 from . import build as builder
 from .benchmark import PerfSettings, benchmark, check_for_workload, resolve_workload
-from .deployment import MANIFEST
 from .errors import ExitCode, Interrupted, PerfError, TrtDeployError, UsageError
 from .fsutil import atomic_write_text, prepare_output_dir
+from .manifest import MANIFEST
 from .matrix import plan_all
 from .perf.compare import FAMILIES, SUMMARY_JSON, SWEEP_JSON, compare, markdown_table, write_report
 from .perf.pareto import LATENCY_AXES, Level, best_level, levels_of, write_pareto_plot

@@ -7,8 +7,9 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "trtdeploy"
-#: What every layer may use: the error hierarchy, atomic file writes, the helpers of python-backend models.
-PRIMITIVES = {"trtdeploy.errors", "trtdeploy.fsutil", "trtdeploy.backend_utils"}
+#: What every layer may use: the error hierarchy, atomic file writes, the helpers of python-backend models, the checks
+#: of a plugin's subclasses.
+PRIMITIVES = {"trtdeploy.errors", "trtdeploy.fsutil", "trtdeploy.backend_utils", "trtdeploy.overrides"}
 
 
 def _modules() -> dict[str, Path]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import re
 import textwrap
@@ -14,6 +15,8 @@ import typer
 import trtdeploy
 from trtdeploy import hookspecs, plugins
 from trtdeploy.engines.base import Engine
+from trtdeploy.overrides import base_members, override_problems
+from trtdeploy.perf.workload import Workload
 
 from .conftest import run_cli
 
@@ -144,7 +147,7 @@ BAD_REGISTRATIONS = {
     "not a spec": (
         "register_models",
         lambda register: register("qwen"),
-        "TypeError: register() takes a ModelSpec instance, got 'qwen' (str)",
+        "TypeError: model 'qwen' (str) is not a ModelSpec",
     ),
     "misspelt override": (
         "register_models",
@@ -207,6 +210,88 @@ def test_every_hook_is_documented_and_tested():
         for param in inspect.signature(getattr(hookspecs, hook)).parameters:
             assert f":param {param}:" in doc, f"hook {hook} does not document {param}"
         assert f"test_hook_{hook}" in tests, f"hook {hook} has no test_hook_{hook}"
+
+
+PLUGIN_BASES = (trtdeploy.ModelSpec, Engine, Workload)
+
+
+def _is_documented(base: type, name: str) -> bool:
+    """Whether member ``name`` of ``base`` has a docstring (a method, a property) or a ``#:`` comment above it, or
+    above the attributes it is grouped with (an attribute)."""
+    member = inspect.getattr_static(base, name, None)
+    if isinstance(member, (classmethod, staticmethod, property)) or inspect.isfunction(member):
+        return len(inspect.getdoc(getattr(base, name)) or "") > 10
+    owner = next(
+        klass for klass in base.__mro__ if name in vars(klass) or name in klass.__dict__.get("__annotations__", {})
+    )
+    lines = inspect.getsource(owner).splitlines()
+    index = next(i for i, line in enumerate(lines) if re.match(rf"    {name}\b\s*[:=]", line))
+    while index > 0 and re.match(r"    \w+\s*[:=]", lines[index - 1]):
+        index -= 1  # attributes grouped under one comment
+    return lines[index - 1].strip().startswith("#:")
+
+
+@pytest.mark.parametrize("base", PLUGIN_BASES, ids=lambda base: base.__name__)
+def test_every_member_of_a_plugin_base_class_is_documented(base):
+    """What plugins subclass is documented member by member, as the hooks are."""
+    members = base_members(base)
+    assert len(members) > 8
+    assert [name for name in members if not _is_documented(base, name)] == []
+
+
+def test_the_installed_plugins_subclass_the_base_classes_soundly():
+    """Every model, engine and workload class of the installed plugins passes the checks made as they register."""
+    models, engines = plugins.get_models(), plugins.get_engines()
+    assert {"qwen_llm", "spark_tts", "whisper", "cosyvoice2"} <= set(models) and "torch" in engines
+    for obj, base in [
+        *((spec, trtdeploy.ModelSpec) for spec in models.values()),
+        *((e, Engine) for e in engines.values()),
+    ]:
+        assert override_problems(type(obj), base) == [], type(obj)
+    for module in ("llm", "tts", "asr_workload", "openai_api"):  # the core's workloads, which the plugins use
+        importlib.import_module(f"trtdeploy.perf.{module}")
+    workloads = set()
+    classes = [Workload]
+    while classes:
+        workloads.update(classes := [sub for klass in classes for sub in klass.__subclasses__()])
+    workloads = {klass for klass in workloads if klass.__module__.startswith("trtdeploy")}  # not this module's
+    assert len(workloads) >= 4
+    for workload in workloads:
+        assert override_problems(workload, Workload) == [], workload
+
+
+class EchoWorkload(Workload):
+    family = "tts"
+
+    def __init__(self) -> None:
+        self.model_name, self.decoupled = "echo", False
+
+    def make_request(self, row, options, model): ...
+
+    def parse_chunk(self, outputs, request): ...
+
+    def finish(self, request, chunks): ...
+
+
+def test_a_workload_is_checked_before_perf_uses_it(monkeypatch):
+    """A plugin's workload that misspells a member, lacks one or names an unknown family is refused naming the
+    model, where perf gets it (both ``workload`` and ``served_workload``)."""
+    from trtdeploy.perf.workload import check_workload
+
+    assert check_workload(EchoWorkload(), "echo")
+    misspelt = type("MisspeltWorkload", (EchoWorkload,), {"count_text_token": lambda self, text: 0})
+    with pytest.raises(TypeError, match="the workload of model 'echo' MisspeltWorkload: 'count_text_token' is not a "
+                       "member of Workload: a misspelling of 'count_text_tokens'"):  # fmt: skip
+        check_workload(misspelt(), "echo")
+    unset = EchoWorkload()
+    del unset.decoupled
+    with pytest.raises(TypeError, match="EchoWorkload: 'decoupled' is not set"):
+        check_workload(unset, "echo")
+    monkeypatch.setattr(EchoWorkload, "family", "video")
+    with pytest.raises(TypeError, match="family 'video' is not one of llm, tts, asr"):
+        check_workload(EchoWorkload(), "echo")
+    with pytest.raises(TypeError, match="the workload of model 'echo' None \\(NoneType\\) is not a Workload"):
+        check_workload(None, "echo")
 
 
 def test_plugins_command_lists_versions_models_and_hooks():

@@ -35,7 +35,7 @@ from .perf.runner import (
 )
 from .perf.search import check_search
 from .perf.slo import Slo
-from .perf.workload import InputRow, RequestOptions, Workload
+from .perf.workload import InputRow, RequestOptions, Workload, check_workload
 from .remote import RemoteTarget, resolve_remote
 from .server import DEFAULT_PORTS, resolved_path
 
@@ -179,7 +179,7 @@ def resolve_workload(deployment: Deployment, model: str | None) -> Workload:
         return TokenLLMWorkload(model, deployment.llm_dir, decoupled=deployment.decoupled)
     from .plugins import get_model
 
-    workload = get_model(deployment.model).workload(deployment)
+    workload = check_workload(get_model(deployment.model).workload(deployment), deployment.model)
     return workload.retarget(model) if model is not None and model != workload.model_name else workload
 
 
@@ -242,8 +242,7 @@ def apply_limits(settings: PerfSettings, deployment: Deployment | None, workload
         inputs = replace(inputs, isl=min(DEFAULT_ISL, max_in - prefix))
     inputs = replace(inputs, caps=None if deployment is None else (max_in, max_out))
     if workload.family == "llm" and options.max_tokens is None:
-        own = getattr(workload, "max_tokens", None)
-        default = min(own if isinstance(own, int) else DEFAULT_OSL, max_out)
+        default = min(workload.max_tokens or DEFAULT_OSL, max_out)
         options = replace(options, max_tokens=inputs.osl or default)
     return replace(settings, inputs=inputs, options=options)
 

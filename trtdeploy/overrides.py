@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import reprlib
 from typing import Any
 
 #: How close a subclass's own member name must be to a base member it leaves alone to be taken for a misspelling.
@@ -102,3 +103,15 @@ def missing_members(obj: object, base: type) -> list[str]:
         for name, member in base_members(base).items()
         if member is inspect.Parameter.empty and not hasattr(obj, name)
     ]
+
+
+def check_instance(obj: Any, kind: str, base: type) -> None:
+    """TypeError unless ``obj`` is a ``base`` instance with every member ``base`` declares, none misspelt, and
+    methods the core can call as the base's; ``kind`` names it in the message (``model``, ``engine``, ``the
+    workload of model 'whisper'``)."""
+    if not isinstance(obj, base):
+        raise TypeError(f"{kind} {reprlib.repr(obj)} ({type(obj).__name__}) is not a {base.__name__}")
+    problems = [f"{name!r} is not set" for name in missing_members(obj, base)]
+    problems += override_problems(type(obj), base)
+    if problems:
+        raise TypeError(f"{kind} {type(obj).__name__}: {'; '.join(problems)}")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import os
-import reprlib
 import sys
 import warnings
 from collections.abc import Callable, Iterator
@@ -18,7 +17,7 @@ import pluggy
 
 from . import hookspecs
 from .errors import NotFoundError, TrtDeployWarning, UsageError
-from .overrides import missing_members, override_problems
+from .overrides import check_instance
 
 if TYPE_CHECKING:
     from .engines.base import Engine
@@ -124,15 +123,16 @@ def call_each(hook_name: str, **kwargs: Any) -> None:
 def _collect(hook_name: str, kind: str, base: type) -> dict[str, tuple[Any, str]]:
     """Call a ``register_*`` hook plugin by plugin, noting who registered what.
 
-    A plugin whose hook raises, or registers what is not a sound ``base`` instance (see :func:`check_registered`)
-    or one name twice, is skipped with a warning; two plugins registering one name is an error.
+    A plugin whose hook raises, or registers what is not a sound ``base`` instance
+    (:func:`~trtdeploy.overrides.check_instance`) or one name twice, is skipped with a warning; two plugins
+    registering one name is an error.
     """
     found: dict[str, tuple[Any, str]] = {}
     for owner, caller in _each_plugin(hook_name):
         registered: dict[str, Any] = {}
 
         def register(obj: Any, registered: dict[str, Any] = registered) -> None:
-            check_registered(obj, kind, base)
+            check_instance(obj, kind, base)
             if obj.name in registered:
                 raise ValueError(f"{kind} {obj.name!r} is registered twice")
             registered[obj.name] = obj
@@ -147,17 +147,6 @@ def _collect(hook_name: str, kind: str, base: type) -> dict[str, tuple[Any, str]
                 raise UsageError(f"{kind} {name!r} is registered by both {found[name][1]!r} and {owner!r}")
             found[name] = (obj, owner)
     return found
-
-
-def check_registered(obj: Any, kind: str, base: type) -> None:
-    """TypeError unless ``obj`` is a ``base`` instance with every member ``base`` declares, none misspelt, and
-    methods the core can call as the base's (see :mod:`trtdeploy.overrides`)."""
-    if not isinstance(obj, base):
-        raise TypeError(f"register() takes a {base.__name__} instance, got {reprlib.repr(obj)} ({type(obj).__name__})")
-    problems = [f"{name!r} is not set" for name in missing_members(obj, base)]
-    problems += override_problems(type(obj), base)
-    if problems:
-        raise TypeError(f"{kind} {type(obj).__name__}: {'; '.join(problems)}")
 
 
 @cache

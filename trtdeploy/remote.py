@@ -137,6 +137,7 @@ def resolve_remote(
     need one for ``inputs_use``: :attr:`~trtdeploy.perf.runner.InputSpec.tokenizer_use`)."""
     from .download import tokenizer_folder
     from .perf.llm import TokenLLMWorkload, load_tokenizer
+    from .perf.workload import check_workload
     from .plugins import get_model
 
     model = asyncio.run(served_model(endpoint, model_name))
@@ -146,7 +147,7 @@ def resolve_remote(
     def make(tokenizer_dir: Path | None) -> Workload:
         if spec is None:
             return TokenLLMWorkload(model.name, tokenizer_dir, decoupled=model.decoupled)
-        return spec.served_workload(model, tokenizer_dir=tokenizer_dir)
+        return check_workload(spec.served_workload(model, tokenizer_dir=tokenizer_dir), spec.name)
 
     workload = make(None)
     if tokenizer is not None:

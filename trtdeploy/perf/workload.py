@@ -21,9 +21,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
 
 from ..errors import UsageError
+from ..overrides import check_instance
 from .inputs import InputRow, PromptLayout, load_dataset_rows, load_jsonl
 
 if TYPE_CHECKING:
@@ -231,7 +232,11 @@ class Result:
 
 
 class Workload(ABC):
-    """How rows become requests for one Triton model, and responses become results."""
+    """How rows become requests for one Triton model, and responses become results.
+
+    Its members are all that perf reads of a workload: a plugin's workload is checked against them
+    (:func:`check_workload`) before perf uses it.
+    """
 
     #: The metric family of this workload.
     family: ClassVar[MetricFamily] = "llm"
@@ -244,6 +249,9 @@ class Workload(ABC):
     #: Whether that model is decoupled (streams its answer), as the deployment says; at run time the served
     #: model's configuration decides whether requests stream (``--stream``/``--no-stream`` must agree with it).
     decoupled: bool
+    #: Output tokens an LLM workload's requests ask for when neither the row nor ``--osl`` says (at most the
+    #: deployment's max_output_len); None: perf's default.
+    max_tokens: int | None = None
 
     @classmethod
     def speaks(cls, model: ModelInfo) -> bool:
@@ -272,6 +280,11 @@ class Workload(ABC):
     @abstractmethod
     def finish(self, request: Request, chunks: Sequence[Chunk]) -> Result:
         """Per-request fields from the chunks with content, in arrival order."""
+
+    def count_text_tokens(self, text: str) -> int:
+        """Tokens of generated text, as the model's tokenizer counts them (``--osl-from-reference`` asks each row
+        for as many tokens as its reference output has). Default: UsageError (no tokenizer: not an LLM workload)."""
+        raise UsageError(f"the {type(self).__name__} workload counts no tokens (it has no LLM tokenizer)")
 
     def load_input_data(self, path: Path) -> list[InputRow]:
         """Rows of ``--input-data PATH``; the default reads jsonl lines ``{"input", "output", "max_tokens"}``."""
@@ -311,3 +324,14 @@ class Workload(ABC):
         other = copy.copy(self)
         other.model_name = model_name
         return other
+
+
+def check_workload(workload: Any, model: str) -> Workload:
+    """``workload``, made by the plugin of ``model``, once it is a sound :class:`Workload` (every member set, none
+    misspelt, methods perf can call, a known :attr:`~Workload.family`); TypeError naming the model otherwise."""
+    kind = f"the workload of model {model!r}"
+    check_instance(workload, kind, Workload)
+    if workload.family not in get_args(MetricFamily):
+        known = ", ".join(get_args(MetricFamily))
+        raise TypeError(f"{kind} {type(workload).__name__}: family {workload.family!r} is not one of {known}")
+    return workload

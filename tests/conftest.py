@@ -5,12 +5,31 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from trtdeploy import plugins
+
 # The Hub is never contacted from tests: a download attempt fails at once instead of hanging.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+#: The installed plugins a test sees when it names none: this repository's own, never another one installed beside.
+#: ``@pytest.mark.plugins("qwen_llm")`` narrows a test to the plugins it names (none: the built-in engines only),
+#: in this process and in the ``trtdeploy`` subprocesses it starts (TRTDEPLOY_LOAD_PLUGINS); a test whose result
+#: depends on which plugins are installed (a listing, a recognized workload) names them.
+REPOSITORY_PLUGINS = ("cosyvoice", "qwen_llm", "spark_tts", "whisper")
+
+
+@pytest.fixture(autouse=True)
+def only_named_plugins(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    marker = request.node.get_closest_marker("plugins")
+    names = REPOSITORY_PLUGINS if marker is None else marker.args
+    with plugins.only_plugins(names):
+        monkeypatch.setenv("TRTDEPLOY_LOAD_PLUGINS", ",".join(names))
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -193,10 +193,17 @@ def test_a_bad_registration_skips_its_plugin_with_the_reason(kind):
         plugins._failed.pop("bad-plugin", None)
 
 
+@pytest.mark.plugins("qwen_llm")
 def test_unknown_model_lists_installed_ones():
     with pytest.raises(trtdeploy.NotFoundError) as info:
         plugins.get_model("no_such_model")
-    assert "qwen_llm" in info.value.hint
+    assert info.value.hint == "installed models: qwen_llm (see `trtdeploy plugins`)"
+
+
+@pytest.mark.plugins()
+def test_a_test_sees_only_the_plugins_it_names():
+    assert plugins.get_models() == {} and "torch" in plugins.get_engines()
+    assert "qwen_llm" not in run_cli("plugins").stdout
 
 
 def test_every_hook_is_documented_and_tested():
@@ -239,6 +246,7 @@ def test_every_member_of_a_plugin_base_class_is_documented(base):
     assert [name for name in members if not _is_documented(base, name)] == []
 
 
+@pytest.mark.plugins("cosyvoice", "qwen_llm", "spark_tts", "whisper")
 def test_the_installed_plugins_subclass_the_base_classes_soundly():
     """Every model, engine and workload class of the installed plugins passes the checks made as they register."""
     models, engines = plugins.get_models(), plugins.get_engines()
@@ -294,12 +302,14 @@ def test_a_workload_is_checked_before_perf_uses_it(monkeypatch):
         check_workload(None, "echo")
 
 
+@pytest.mark.plugins("qwen_llm")
 def test_plugins_command_lists_versions_models_and_hooks():
     result = run_cli("plugins", "--json")
     assert result.returncode == 0, result.stderr
     import json
 
     listed = {p["name"]: p for p in json.loads(result.stdout)["plugins"]}
+    assert set(listed) == {"qwen_llm", *plugins.DEFAULT_PLUGINS}
     assert listed["qwen_llm"]["models"] == ["qwen_llm"]
     assert listed["qwen_llm"]["version"]
     assert "register_models" in listed["qwen_llm"]["hooks"]
@@ -328,6 +338,7 @@ def install_fake_plugin(root: Path, name: str, source: str) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
 
 
+@pytest.mark.plugins("qwen_llm", "broken")
 @pytest.mark.parametrize("kind", BROKEN_PLUGINS)
 def test_a_broken_plugin_is_named_and_the_others_still_work(tmp_path, kind):
     """A plugin that fails to import, to register or in its hook gets a one-line warning; the rest keeps working."""
@@ -353,6 +364,7 @@ EMPTY_PLUGINS = {
 }
 
 
+@pytest.mark.plugins("qwen_llm", "empty")
 @pytest.mark.parametrize("kind", EMPTY_PLUGINS)
 def test_a_plugin_that_registers_nothing_gets_a_warning(tmp_path, kind):
     """A plugin distribution that loads but adds nothing is not listed in silence: a warning, in --json too."""

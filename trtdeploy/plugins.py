@@ -7,7 +7,8 @@ import importlib.metadata
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from types import ModuleType
@@ -82,6 +83,7 @@ def load_plugins() -> None:
                 pm.unregister(name=entry_point.name)
             _skip(entry_point.name, exc)
             continue
+        _entry_points.add(entry_point.name)
         if entry_point.dist is not None:
             _versions[entry_point.name] = entry_point.dist.version
     if os.environ.get("TRTDEPLOY_TRACE_PLUGINS"):
@@ -90,6 +92,8 @@ def load_plugins() -> None:
 
 
 _versions: dict[str, str] = {}
+#: The plugins loaded from entry points (the installed distributions), by name.
+_entry_points: set[str] = set()
 
 
 def _skip(name: str, exc: Exception) -> None:
@@ -251,3 +255,18 @@ def forget_registrations() -> None:
     """Forget the cached model and engine registries: plugins registered or unregistered since are seen next time."""
     _models.cache_clear()
     _engines.cache_clear()
+
+
+@contextmanager
+def only_plugins(names: Collection[str]) -> Iterator[None]:
+    """Within the block, the installed plugins (entry points) are those of ``names`` only; the built-in ones and
+    those registered in this process stay. Tests use it to see only the plugins they name."""
+    load_plugins()
+    hidden = {name: pm.unregister(name=name) for name in sorted(_entry_points - set(names)) if pm.has_plugin(name)}
+    forget_registrations()
+    try:
+        yield
+    finally:
+        for name, plugin in hidden.items():
+            pm.register(plugin, name=name)
+        forget_registrations()

@@ -29,6 +29,7 @@ TTS = (("reference_wav", "reference_wav_len", "reference_text", "target_text"), 
 ASR = (("TEXT_PREFIX", "WAV", "WAV_LENS"), ("TRANSCRIPTS",))
 
 
+@pytest.mark.plugins("cosyvoice", "qwen_llm", "spark_tts", "whisper")
 @pytest.mark.parametrize(
     ("model", "workloads"),
     [
@@ -49,6 +50,12 @@ ASR = (("TEXT_PREFIX", "WAV", "WAV_LENS"), ("TRANSCRIPTS",))
 )
 def test_each_model_plugin_recognizes_its_own_entry_model_alone(model, workloads):
     assert recognized_by(model, warn=pytest.fail) == workloads
+
+
+@pytest.mark.plugins("qwen_llm")
+def test_a_model_whose_plugin_is_not_installed_is_recognized_by_none():
+    assert recognized_by(_model("whisper_bls", *ASR), warn=pytest.fail) == []
+    assert recognized_by(_model("ensemble", *TEXT), warn=pytest.fail) == ["qwen_llm"]
 
 
 def test_spark_tts_streams_as_its_served_configuration_says():

@@ -349,7 +349,12 @@ _FAMILIES: dict[TokenizerKind, _Family] = {
     ),
 }
 
-_MODEL_TYPES = {"Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3"}
+_MODEL_TYPES = {
+    "Qwen2ForCausalLM": "qwen2",
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen3ForCausalLM": "qwen3",
+}
 
 
 def write_random_causal_lm(

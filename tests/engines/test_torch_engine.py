@@ -86,9 +86,14 @@ def test_validate_rejects_an_unsupported_architecture(tmp_path):
 
 def test_sliding_window_is_refused_only_when_it_matters():
     config = {"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True, "sliding_window": 256}
-    assert "sliding-window" in unsupported_reason(config, max_seq_len=384)
+    assert "lower --max-input-len/--max-output-len to sum to at most 256" in unsupported_reason(config, max_seq_len=384)
     assert unsupported_reason(config, max_seq_len=256) is None
     assert unsupported_reason({**config, "use_sliding_window": False}, max_seq_len=384) is None
+    # Mistral has no switch: its window applies whenever it is set (v0.1), and v0.3 sets none
+    mistral = {"architectures": ["MistralForCausalLM"], "sliding_window": 4096, "use_sliding_window": None}
+    assert "last 4096 tokens only" in unsupported_reason(mistral, max_seq_len=8192)
+    assert unsupported_reason(mistral, max_seq_len=4096) is None
+    assert unsupported_reason({**mistral, "sliding_window": None}, max_seq_len=32768) is None
 
 
 @pytest.mark.parametrize(("mode", "gpu"), [("streaming", "H100"), ("offline", "cpu")])

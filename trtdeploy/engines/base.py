@@ -16,6 +16,30 @@ from ..spec import BuildContext
 PYTHON_TEMPLATES = Path(__file__).parent / "python_templates"
 
 
+def sliding_window(config: dict[str, Any]) -> int | None:
+    """The attention window of a checkpoint whose layers attend only to their last tokens, from its config.json
+    (None: full attention). Mistral's ``sliding_window`` applies whenever it is set (v0.1: 4096, v0.3: null), Qwen2's
+    only with ``use_sliding_window``; per-layer ``layer_types`` say which layers it applies to."""
+    window = config.get("sliding_window")
+    if not isinstance(window, int) or config.get("use_sliding_window") is False:
+        return None
+    layers = config.get("layer_types")
+    return window if not layers or "sliding_attention" in layers else None
+
+
+def sliding_window_problem(config: dict[str, Any], max_seq_len: int, engine: str) -> str | None:
+    """Why ``engine``, whose attention spans the whole sequence, would serve this checkpoint wrong at ``max_seq_len``
+    (its sliding window is shorter), or None. Within the window both attentions are the same."""
+    window = sliding_window(config)
+    if window is None or max_seq_len <= window:
+        return None
+    return (
+        f"the checkpoint's layers attend to their last {window} tokens only (sliding_window in config.json), which "
+        f"the {engine} engine does not implement: max_seq_len {max_seq_len} would be answered wrong past token "
+        f"{window}; lower --max-input-len/--max-output-len to sum to at most {window}"
+    )
+
+
 @dataclass(frozen=True)
 class BuildStep:
     """One step of a build plan: an external command (``argv``) or an in-process function (``run``).

@@ -65,8 +65,13 @@ class TextLLMSpec(ModelSpec):
     tokenizer_kind: ClassVar[TokenizerKind] = "qwen2"
     #: Tokens that end an answer besides the tokenizer's EOS and generation_config.json's ``eos_token_id``, for
     #: checkpoints that do not list them all (a fine-tune whose generation_config.json misses the end-of-turn token
-    #: of its chat template). A request that names no ``end_id`` ends at any of them.
+    #: of its chat template). A request that names no ``end_id`` ends at any of them. Those a checkpoint's tokenizer
+    #: lacks are left out of its deployments (one family's versions differ: Llama 3.1's ``<|eom_id|>`` is a
+    #: reserved token in Llama 3, and Llama 2 has none of Llama 3's).
     end_tokens: ClassVar[tuple[str, ...]] = ()
+    #: config.json values of random checkpoints beyond what their tokenizer kind's family gives (a version's rope
+    #: scaling, sliding window or tied embeddings).
+    random_config: ClassVar[dict[str, Any]] = {}
     templates_dir = Path(__file__).parent / "templates"
     Options: ClassVar[type] = TextLLMOptions
 
@@ -89,7 +94,13 @@ class TextLLMSpec(ModelSpec):
     def write_random_checkpoint(self, dest: Path, *, seed: int = 0) -> None:
         from ..checkpoints import write_random_causal_lm
 
-        write_random_causal_lm(dest, architecture=self.architectures[0], tokenizer=self.tokenizer_kind, seed=seed)
+        write_random_causal_lm(
+            dest,
+            architecture=self.architectures[0],
+            tokenizer=self.tokenizer_kind,
+            seed=seed,
+            config=self.random_config,
+        )
 
     def entry_model(self, mode: Mode) -> str:
         return "ensemble"
@@ -108,8 +119,19 @@ class TextLLMSpec(ModelSpec):
             "tokenizer_dir": str(ctx.llm_dir),
             **self._options(ctx.options),
             "ensemble": tensors,
-            "end_tokens": _pbtxt_string(json.dumps(list(self.end_tokens))),
+            "end_tokens": _pbtxt_string(json.dumps(self.checkpoint_end_tokens(ctx.llm_dir))),
         }
+
+    def checkpoint_end_tokens(self, llm_dir: Path) -> list[str]:
+        """The :attr:`end_tokens` that the tokenizer in ``llm_dir`` has (all of them before it is downloaded)."""
+        if not self.end_tokens or not (llm_dir / "tokenizer_config.json").is_file():
+            return list(self.end_tokens)
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(llm_dir), local_files_only=True)
+        ids = tokenizer.convert_tokens_to_ids(list(self.end_tokens))
+        absent = (None, tokenizer.unk_token_id)
+        return [token for token, token_id in zip(self.end_tokens, ids, strict=True) if token_id not in absent]
 
     def _options(self, given: dict[str, Any]) -> dict[str, Any]:
         """``given`` over this model's option defaults."""

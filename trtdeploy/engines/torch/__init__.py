@@ -23,13 +23,19 @@ from typing import Any
 from ...errors import UsageError
 from ...hookspecs import hookimpl
 from ...spec import BuildContext
-from ..base import PYTHON_TEMPLATES, Engine
+from ..base import PYTHON_TEMPLATES, Engine, sliding_window_problem
 from ..contract import INPUTS, OUTPUTS, encoder_decoder_inputs
 
 #: Hugging Face encoder-decoder architectures whose layers the runtime's own forward pass reproduces.
 ENCODER_DECODER_ARCHITECTURES = ("WhisperForConditionalGeneration",)
 #: Every Hugging Face architecture whose layers the runtime's own forward pass reproduces.
-SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", *ENCODER_DECODER_ARCHITECTURES)
+SUPPORTED_ARCHITECTURES = (
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "LlamaForCausalLM",
+    "MistralForCausalLM",  # Llama's layers; its sliding window is refused where it would matter
+    *ENCODER_DECODER_ARCHITECTURES,
+)
 #: transformers' default ``max_target_positions`` of a Whisper config.
 WHISPER_TARGET_POSITIONS = 448
 
@@ -50,19 +56,15 @@ def unsupported_reason(config: dict[str, Any], max_seq_len: int) -> str | None:
         if config.get("scale_embedding"):  # no released checkpoint scales them; the runtime's decoder does not
             return "scale_embedding (decoder embeddings scaled by sqrt(d_model)) is not supported"
         return None
-    window = config.get("sliding_window")
-    sliding = config.get("use_sliding_window") or "sliding_attention" in (config.get("layer_types") or [])
-    if sliding and window is not None and window < max_seq_len:
-        return f"sliding-window attention (window {window} < max_seq_len {max_seq_len}) is not supported"
-    return None
+    return sliding_window_problem(config, max_seq_len, "torch")
 
 
 class TorchEngine(Engine):
-    """Serves a Hugging Face Qwen2/Qwen3/Llama or Whisper checkpoint with trtdeploy's own decode loop (CUDA graphs on
-    GPU)."""
+    """Serves a Hugging Face Qwen2/Qwen3/Llama/Mistral or Whisper checkpoint with trtdeploy's own decode loop (CUDA
+    graphs on GPU)."""
 
     name = "torch"
-    description = "trtdeploy's own PyTorch continuous-batching model (Qwen2/Qwen3/Llama, Whisper), CPU or one GPU"
+    description = "trtdeploy's own PyTorch continuous-batching model (Qwen2/Qwen3/Llama/Mistral, Whisper), CPU or GPU"
     precisions = ("fp32", "fp16", "bf16")
     templates_dir = PYTHON_TEMPLATES
     runs_on_cpu = True

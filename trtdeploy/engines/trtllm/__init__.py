@@ -17,7 +17,7 @@ from ...errors import UsageError
 from ...hookspecs import hookimpl
 from ...memory import read_config
 from ...spec import BuildContext
-from ..base import BuildStep
+from ..base import BuildStep, sliding_window_problem
 from . import whisper
 from .commands import (
     AWQ_BLOCK_SIZE,
@@ -96,6 +96,10 @@ class TrtllmEngine(TensorRTLLMEngine):
             )
         self._check_kv_cache(ctx)
         config = read_config(ctx.llm_dir)
+        # the engines are built with attention over the whole sequence (no max_attention_window_size)
+        problem = sliding_window_problem(config or {}, point.max_seq_len, self.name)
+        if problem:
+            raise UsageError(problem)
         if point.precision == "int4_awq" and config:
             problems = awq_shard_problems(config, point.tp)
             if problems:

@@ -315,7 +315,7 @@ class SlotModel(ABC):
 
 
 class DecoderModel(SlotModel):
-    """A Hugging Face causal LM (Qwen2/Qwen3/Llama) over a static KV cache."""
+    """A Hugging Face causal LM (Qwen2/Qwen3/Llama/Mistral) over a static KV cache."""
 
     def __init__(self, causal_lm: torch.nn.Module, *, max_slots: int, max_seq_len: int, cuda_graphs: bool = True):
         super().__init__(

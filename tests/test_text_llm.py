@@ -167,7 +167,13 @@ def test_a_served_ensemble_is_recognized_by_the_text_llm_it_names():
 
     assert recognized_by(ensemble(text_llm="test_tiny_llama"), warn=pytest.fail) == ["test_tiny_llama"]
     # TensorRT-LLM's own ensemble names none: every text LLM speaks it (perf --workload chooses)
-    assert set(recognized_by(ensemble(), warn=pytest.fail)) == {"qwen_llm", "test_tiny_llama", "test_tiny_llama3"}
+    assert set(recognized_by(ensemble(), warn=pytest.fail)) == {
+        "qwen_llm",
+        "llama_llm",
+        "mistral_llm",
+        "test_tiny_llama",
+        "test_tiny_llama3",
+    }
 
 
 def _inputs(prompt: str, max_tokens: int, *, stream: bool | None, **extra: np.ndarray):

@@ -33,7 +33,9 @@ ASR = (("TEXT_PREFIX", "WAV", "WAV_LENS"), ("TRANSCRIPTS",))
 @pytest.mark.parametrize(
     ("model", "workloads"),
     [
-        (_model("ensemble", *TEXT), ["qwen_llm"]),
+        # TensorRT-LLM's own text ensemble names no model: every text LLM speaks it (perf --workload chooses)
+        (_model("ensemble", *TEXT), ["llama_llm", "mistral_llm", "qwen_llm"]),
+        (_model("ensemble", *TEXT, parameters={"text_llm": "mistral_llm"}), ["mistral_llm"]),
         (_model("tensorrt_llm", *TOKENS, decoupled=True), ["tensorrt_llm"]),
         (_model("whisper_bls", *ASR), ["whisper"]),
         # Spark-TTS and CosyVoice share the TTS tensors: each is told by its name or by its configuration's parameters

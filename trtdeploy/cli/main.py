@@ -26,6 +26,7 @@ COMMANDS = (
     ("report", "report"),
     ("sweep", "sweep"),
     ("quickstart", "quickstart"),
+    ("new_plugin", "new-plugin"),
 )
 
 

@@ -20,7 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 #: ``@pytest.mark.plugins("qwen_llm")`` narrows a test to the plugins it names (none: the built-in engines only),
 #: in this process and in the ``trtdeploy`` subprocesses it starts (TRTDEPLOY_LOAD_PLUGINS); a test whose result
 #: depends on which plugins are installed (a listing, a recognized workload) names them.
-REPOSITORY_PLUGINS = ("cosyvoice", "qwen_llm", "spark_tts", "whisper")
+REPOSITORY_PLUGINS = ("cosyvoice", "llama_llm", "qwen_llm", "spark_tts", "whisper")
 
 
 @pytest.fixture(autouse=True)

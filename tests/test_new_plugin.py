@@ -14,6 +14,7 @@ from trtdeploy import ExitCode, UsageError, scaffold
 from trtdeploy.scaffold import KINDS, write_plugin
 
 from .conftest import run_cli
+from .test_public_api import private_imports
 
 
 @pytest.mark.parametrize(
@@ -79,6 +80,7 @@ def test_every_kind_renders_lint_clean_python(tmp_path, kind):
         written["files"]
     )
     assert 'my_model = "trtdeploy_my_model"' in (plugin / "pyproject.toml").read_text()
+    assert private_imports(plugin / "trtdeploy_my_model") == []  # the public API only
     for command in (["check"], ["format", "--check"]):  # under the plugin's own ruff settings
         done = subprocess.run([sys.executable, "-m", "ruff", *command, "."], cwd=plugin, capture_output=True, text=True)
         assert done.returncode == 0, done.stdout + done.stderr

@@ -246,11 +246,12 @@ def test_every_member_of_a_plugin_base_class_is_documented(base):
     assert [name for name in members if not _is_documented(base, name)] == []
 
 
-@pytest.mark.plugins("cosyvoice", "qwen_llm", "spark_tts", "whisper")
+@pytest.mark.plugins("cosyvoice", "llama_llm", "qwen_llm", "spark_tts", "whisper")
 def test_the_installed_plugins_subclass_the_base_classes_soundly():
     """Every model, engine and workload class of the installed plugins passes the checks made as they register."""
     models, engines = plugins.get_models(), plugins.get_engines()
-    assert {"qwen_llm", "spark_tts", "whisper", "cosyvoice2"} <= set(models) and "torch" in engines
+    assert {"qwen_llm", "llama_llm", "mistral_llm", "spark_tts", "whisper", "cosyvoice2"} <= set(models)
+    assert "torch" in engines
     for obj, base in [
         *((spec, trtdeploy.ModelSpec) for spec in models.values()),
         *((e, Engine) for e in engines.values()),

@@ -38,19 +38,28 @@ def test_every_public_name_is_exported_and_documented():
         assert getattr(trtdeploy, name) is not None, name
 
 
-def test_the_bundled_plugins_import_only_the_public_api():
-    offending = []
-    for path in sorted(ROOT.glob("plugins/*/trtdeploy_*/**/*.py")):
+def private_imports(package: Path) -> list[str]:
+    """Where the python files under ``package`` import a module of trtdeploy rather than ``trtdeploy`` itself."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("trtdeploy."):
-                offending.append(f"{path.relative_to(ROOT)}:{node.lineno} from {node.module}")
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                modules = [node.module or ""]
             elif isinstance(node, ast.Import):
-                offending += [
-                    f"{path.relative_to(ROOT)}:{node.lineno} import {alias.name}"
-                    for alias in node.names
-                    if alias.name.startswith("trtdeploy.")
-                ]
-    assert offending == []
+                modules = [alias.name for alias in node.names]
+            else:
+                continue
+            found += [
+                f"{path.relative_to(package)}:{node.lineno} {module}"
+                for module in modules
+                if module.startswith("trtdeploy.")
+            ]
+    return found
+
+
+def test_the_bundled_plugins_import_only_the_public_api():
+    for package in sorted(ROOT.glob("plugins/*/trtdeploy_*")):
+        assert private_imports(package) == [], package.name
 
 
 def test_the_llm_contract_tables_are_the_tensors_the_engines_declare():

@@ -166,7 +166,7 @@ def test_a_served_ensemble_is_recognized_by_the_text_llm_it_names():
         return ModelInfo("ensemble", inputs, {"text_output": tensors["text_output"]}, 4, parameters=parameters)
 
     assert recognized_by(ensemble(text_llm="test_tiny_llama"), warn=pytest.fail) == ["test_tiny_llama"]
-    # TensorRT-LLM's own ensemble names none: every text LLM speaks it (perf --workload chooses)
+    # TensorRT-LLM's own ensemble names none: every text LLM speaks it (perf takes the first where they load it alike)
     assert set(recognized_by(ensemble(), warn=pytest.fail)) == {
         "qwen_llm",
         "llama_llm",

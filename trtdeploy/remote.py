@@ -66,7 +66,8 @@ def recognized_by(model: ModelInfo, warn: Callable[[str], None]) -> list[str]:
 
 
 def choose_workload(model: ModelInfo, url: str, forced: str | None, warn: Callable[[str], None]) -> str:
-    """The workload of ``model``: ``forced`` (``--workload``) if given, else the only one that recognizes it."""
+    """The workload of ``model``: ``forced`` (``--workload``) if given, else the only one that recognizes it, or the
+    first of several that would load it alike."""
     names = workload_names()
     if forced is not None:
         if forced not in names:
@@ -80,12 +81,30 @@ def choose_workload(model: ModelInfo, url: str, forced: str | None, warn: Callab
             f"no installed workload recognizes model {model.name!r} at {url} ({tensors})",
             hint=f"is --model the model clients call? Else name its workload with --workload ({', '.join(names)})",
         )
-    if len(found) > 1:
+    if len(found) > 1 and not _load_alike(model, found):
         raise UsageError(
             f"model {model.name!r} at {url} is recognized by several workloads: {', '.join(found)}",
             hint=f"choose one with --workload {found[0]}",
         )
     return found[0]
+
+
+def _load_alike(model: ModelInfo, names: list[str]) -> bool:
+    """Whether the models ``names`` would load ``model`` alike: the same workload with the same settings (the text
+    LLMs, for TensorRT-LLM's own text ensemble, which names no model), so that taking the first changes nothing."""
+    from .plugins import get_models
+
+    if LLM_CONTRACT in names:
+        return False
+    specs = get_models()
+    loads = set()
+    for name in names:
+        try:
+            workload = specs[name].served_workload(model, tokenizer_dir=None)
+        except Exception:  # noqa: BLE001 - a model that cannot load it alone is no tie to break
+            return False
+        loads.add((type(workload), repr(sorted(vars(workload).items()))))
+    return len(loads) == 1
 
 
 def _tokenizer_use(workload: Workload, model: ModelInfo, inputs_use: str | None) -> str | None:

@@ -5,13 +5,16 @@ say of such a run. The servers are the real tritonserver, launched without a rec
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from trtdeploy.errors import NetworkError, NotFoundError
+from trtdeploy import TextLLMOptions, TextLLMSpec, hookimpl
+from trtdeploy.errors import NetworkError, NotFoundError, UsageError
 from trtdeploy.perf.workload import ModelInfo, TensorSpec
-from trtdeploy.remote import recognized_by
+from trtdeploy.plugins import forget_registrations, pm
+from trtdeploy.remote import choose_workload, recognized_by
 
 from .test_asr_target import whisper_deployment
 
@@ -29,11 +32,12 @@ TTS = (("reference_wav", "reference_wav_len", "reference_text", "target_text"), 
 ASR = (("TEXT_PREFIX", "WAV", "WAV_LENS"), ("TRANSCRIPTS",))
 
 
-@pytest.mark.plugins("cosyvoice", "qwen_llm", "spark_tts", "whisper")
+@pytest.mark.plugins("cosyvoice", "llama_llm", "qwen_llm", "spark_tts", "whisper")
 @pytest.mark.parametrize(
     ("model", "workloads"),
     [
-        # TensorRT-LLM's own text ensemble names no model: every text LLM speaks it (perf --workload chooses)
+        # TensorRT-LLM's own text ensemble names no model: every text LLM speaks it (the first is taken: they load it
+        # alike, test below)
         (_model("ensemble", *TEXT), ["llama_llm", "mistral_llm", "qwen_llm"]),
         (_model("ensemble", *TEXT, parameters={"text_llm": "mistral_llm"}), ["mistral_llm"]),
         (_model("tensorrt_llm", *TOKENS, decoupled=True), ["tensorrt_llm"]),
@@ -58,6 +62,43 @@ def test_each_model_plugin_recognizes_its_own_entry_model_alone(model, workloads
 def test_a_model_whose_plugin_is_not_installed_is_recognized_by_none():
     assert recognized_by(_model("whisper_bls", *ASR), warn=pytest.fail) == []
     assert recognized_by(_model("ensemble", *TEXT), warn=pytest.fail) == ["qwen_llm"]
+
+
+@dataclass(frozen=True)
+class _ChatOptions(TextLLMOptions):
+    chat_template: bool = True
+
+
+class _ChatLLM(TextLLMSpec):
+    name = "test_chat_llm"
+    default_repo = "test/chat-llm"
+    architectures = ("Qwen2ForCausalLM",)
+    Options = _ChatOptions
+
+
+class _ChatPlugin:
+    @hookimpl
+    def register_models(self, register):
+        register(_ChatLLM())
+
+
+@pytest.mark.plugins("llama_llm", "qwen_llm")
+def test_an_ensemble_naming_no_model_goes_to_the_text_llms_only_while_they_would_load_it_alike():
+    unnamed = _model("ensemble", *TEXT)
+    alike = recognized_by(unnamed, warn=pytest.fail)
+    assert sorted(alike) == ["llama_llm", "mistral_llm", "qwen_llm"]
+    assert choose_workload(unnamed, "localhost:1", None, pytest.fail) == alike[0]
+    # a text LLM whose deployments wrap prompts in the chat template: which one loads it changes the requests
+    pm.register(_ChatPlugin(), name="test-chat-llm")
+    forget_registrations()
+    try:
+        with pytest.raises(UsageError, match="recognized by several workloads: .*test_chat_llm"):
+            choose_workload(unnamed, "localhost:1", None, pytest.fail)
+        named = _model("ensemble", *TEXT, parameters={"text_llm": "test_chat_llm"})
+        assert choose_workload(named, "localhost:1", None, pytest.fail) == "test_chat_llm"
+    finally:
+        pm.unregister(name="test-chat-llm")
+        forget_registrations()
 
 
 def test_spark_tts_streams_as_its_served_configuration_says():

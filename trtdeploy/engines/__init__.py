@@ -1,4 +1,4 @@
-"""Engines: the ways the LLM contract can be served (see DESIGN.md, "one LLM contract")."""
+"""Engines: the ways the LLM contract can be served (docs/writing-plugins.md, "The LLM contract")."""
 
 from .base import BuildStep, Engine
 

@@ -1,7 +1,7 @@
 """The ``torch`` engine: trtdeploy's own Triton python model around a Hugging Face causal LM (or Whisper), on the CPU
 or one GPU.
 
-It serves the TRT-LLM inflight-batcher tensor contract (see DESIGN.md, "one LLM contract", and
+It serves the TRT-LLM inflight-batcher tensor contract (docs/writing-plugins.md, "The LLM contract", and
 :mod:`trtdeploy.engines.contract`) from a continuous batch run by :mod:`trtdeploy.engines.torch.runtime`, with
 TensorRT-LLM's semantics for every input the official ensemble passes on: sampling, penalties, stop and bad words,
 minimum length, several return sequences, the prompt in the output, log probabilities and logits, embedding bias.

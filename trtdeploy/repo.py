@@ -34,7 +34,8 @@ def template_models(root: Path) -> tuple[str, ...]:
     return tuple(sorted(p.parent.name for p in root.glob(f"*/{CONFIG}{TEMPLATE_SUFFIX}")))
 
 
-def _environment(root: Path) -> jinja2.Environment:
+def template_environment(root: Path) -> jinja2.Environment:
+    """How trtdeploy renders its jinja2 templates: undefined variables fail, blocks leave no blank lines."""
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(root)),
         undefined=jinja2.StrictUndefined,
@@ -51,7 +52,7 @@ def render_model(source: TemplateSource, model: str, dest_root: Path) -> Path:
     dest = dest_root / model
     if dest.exists():
         raise BuildError(f"two templates define the Triton model {model!r}")
-    env = _environment(source.root)
+    env = template_environment(source.root)
     for path in sorted(src.rglob("*")):
         if path.is_dir() or "__pycache__" in path.parts:
             continue

@@ -18,11 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import jinja2
-
 from .. import __version__
 from ..errors import UsageError
 from ..fsutil import scratch_beside
+from ..repo import template_environment
 
 Kind = Literal["text-llm", "tts", "asr"]
 KINDS: tuple[Kind, ...] = ("text-llm", "tts", "asr")
@@ -124,14 +123,7 @@ def _sources(kind: Kind, names: PluginNames) -> dict[str, str]:
 
 def render(kind: Kind, names: PluginNames, dest: Path) -> tuple[str, ...]:
     """Render the plugin's files into the folder ``dest``; returns their paths, relative to it."""
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        autoescape=False,
-    )
+    env = template_environment(TEMPLATES)
     sources = _sources(kind, names)
     for rel, template in sources.items():
         target = dest / rel

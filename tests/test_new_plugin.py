@@ -25,6 +25,8 @@ from .test_public_api import private_imports
         ("my llm", "is not a lower-case Python identifier"),
         ("class", "is not a lower-case Python identifier"),
         ("tensorrt_llm", "is a Triton model of every deployment"),
+        ("none", "makes the class name None, which the plugin.s code cannot use"),
+        ("model_spec", "makes the class name ModelSpec"),
         ("qwen_llm", "a model named 'qwen_llm' is already installed"),
     ],
 )

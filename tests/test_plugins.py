@@ -248,25 +248,27 @@ def test_every_member_of_a_plugin_base_class_is_documented(base):
 
 @pytest.mark.plugins("cosyvoice", "llama_llm", "qwen_llm", "spark_tts", "whisper")
 def test_the_installed_plugins_subclass_the_base_classes_soundly():
-    """Every model, engine and workload class of the installed plugins passes the checks made as they register."""
+    """Every model, engine and workload class of the installed plugins (and the core's own workloads, which the
+    plugins use) passes the checks made as objects register, against the nearest class of trtdeploy it derives
+    from; found as classes, so that one whose registration the checks would refuse is seen here too."""
     models, engines = plugins.get_models(), plugins.get_engines()
     assert {"qwen_llm", "llama_llm", "mistral_llm", "spark_tts", "whisper", "cosyvoice2"} <= set(models)
     assert "torch" in engines
-    for obj, base in [
-        *((spec, trtdeploy.ModelSpec) for spec in models.values()),
-        *((e, Engine) for e in engines.values()),
-    ]:
-        assert override_problems(type(obj), base) == [], type(obj)
-    for module in ("llm", "tts", "asr_workload", "openai_api"):  # the core's workloads, which the plugins use
+    for module in ("llm", "tts", "asr_workload", "openai_api"):
         importlib.import_module(f"trtdeploy.perf.{module}")
-    workloads = set()
-    classes = [Workload]
-    while classes:
-        workloads.update(classes := [sub for klass in classes for sub in klass.__subclasses__()])
-    workloads = {klass for klass in workloads if klass.__module__.startswith("trtdeploy")}  # not this module's
-    assert len(workloads) >= 4
-    for workload in workloads:
-        assert override_problems(workload, Workload) == [], workload
+
+    def subclasses(base: type) -> set[type]:
+        found, classes = set(), [base]
+        while classes:
+            found.update(classes := [sub for klass in classes for sub in klass.__subclasses__()])
+        return {klass for klass in found if klass.__module__.split(".")[0].startswith("trtdeploy")}  # not tests'
+
+    checked = {base: subclasses(base) for base in (trtdeploy.ModelSpec, Engine, Workload)}
+    assert len(checked[trtdeploy.ModelSpec]) >= 6 and len(checked[Engine]) >= 3 and len(checked[Workload]) >= 4
+    for classes in checked.values():
+        for klass in classes:
+            nearest = next(k for k in klass.__mro__[1:] if k.__module__.split(".")[0] == "trtdeploy")
+            assert override_problems(klass, nearest) == [], klass
 
 
 class EchoWorkload(Workload):
@@ -289,17 +291,19 @@ def test_a_workload_is_checked_before_perf_uses_it(monkeypatch):
 
     assert check_workload(EchoWorkload(), "echo")
     misspelt = type("MisspeltWorkload", (EchoWorkload,), {"count_text_token": lambda self, text: 0})
-    with pytest.raises(TypeError, match="the workload of model 'echo' MisspeltWorkload: 'count_text_token' is not a "
-                       "member of Workload: a misspelling of 'count_text_tokens'"):  # fmt: skip
+    misspelling = "'count_text_token' is not a member of Workload: a misspelling of 'count_text_tokens'"
+    with pytest.raises(trtdeploy.UsageError, match=f"the workload of model 'echo' MisspeltWorkload: {misspelling}"):
         check_workload(misspelt(), "echo")
     unset = EchoWorkload()
     del unset.decoupled
-    with pytest.raises(TypeError, match="EchoWorkload: 'decoupled' is not set"):
+    with pytest.raises(trtdeploy.UsageError, match="EchoWorkload: 'decoupled' is not set"):
         check_workload(unset, "echo")
     monkeypatch.setattr(EchoWorkload, "family", "video")
-    with pytest.raises(TypeError, match="family 'video' is not one of llm, tts, asr"):
+    with pytest.raises(trtdeploy.UsageError, match="family 'video' is not one of llm, tts, asr"):
         check_workload(EchoWorkload(), "echo")
-    with pytest.raises(TypeError, match="the workload of model 'echo' None \\(NoneType\\) is not a Workload"):
+    with pytest.raises(
+        trtdeploy.UsageError, match="the workload of model 'echo' None \\(NoneType\\) is not a Workload"
+    ):
         check_workload(None, "echo")
 
 
@@ -448,3 +452,27 @@ def test_auto_engine_says_why_no_engine_is_usable(monkeypatch):
     )
     with pytest.raises(trtdeploy.UsageError, match=unusable):
         get_engine("auto")
+
+
+def test_overrides_are_judged_as_the_core_calls_them():
+    """The core passes a spec's arguments by position (their names are the plugin's) and calls methods on the
+    instance (a staticmethod does); a text LLM's own members (``end_tokens``) are guarded as ModelSpec's are."""
+    from trtdeploy.overrides import check_instance
+
+    class Renamed(trtdeploy.TextLLMSpec):
+        name, default_repo, architectures = "renamed_llm", "test/renamed", ("Qwen2ForCausalLM",)
+
+        def validate_checkpoint(self, path):
+            return super().validate_checkpoint(path)
+
+        @staticmethod
+        def entry_model(mode):
+            return "ensemble"
+
+    check_instance(Renamed(), "model", trtdeploy.ModelSpec)
+
+    class Misspelt(Renamed):
+        end_tokns = ("<|im_end|>",)
+
+    with pytest.raises(TypeError, match="'end_tokns' is not a member of TextLLMSpec: a misspelling of 'end_tokens'"):
+        check_instance(Misspelt(), "model", trtdeploy.ModelSpec)

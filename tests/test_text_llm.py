@@ -122,6 +122,23 @@ def test_a_model_looping_on_a_token_without_text_costs_a_few_tokens_decoded_per_
         assert sum(piece == "\ufffd" for piece in pieces) >= 490
 
 
+def test_a_unigram_tokenizer_with_byte_fallback_streams_a_character_spelled_in_bytes_whole():
+    """A Unigram model has no byte-fallback setting of its own (its decoder falls back): its byte pieces are held as
+    runs all the same, since a run's invalid bytes decode to one U+FFFD each, which a later byte rewrites."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = [("<unk>", 0.0), ("\u2581a", -1.0)] + [(f"<0x{byte:02X}>", -5.0) for byte in range(256)]
+    unigram = Tokenizer(models.Unigram(vocab, unk_id=0, byte_fallback=True))
+    unigram.pre_tokenizer = pre_tokenizers.Metaspace()
+    unigram.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=unigram, unk_token="<unk>")
+    ids = [1, *(tokenizer.convert_tokens_to_ids(f"<0x{byte:02X}>") for byte in "中".encode()), 1]
+    pieces = streamed(tokenizer, ids, [1] * len(ids))
+    assert "".join(pieces) == decoder(tokenizer)(ids) == " a中 a" and "\ufffd" not in "".join(pieces)
+    assert pieces[:-1] == [" a", "", "", "", "中 a"]  # the run held until a piece that is not a byte ends it
+
+
 # --- model families configured in a few lines, end to end --------------------------------------------------------
 
 

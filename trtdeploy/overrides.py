@@ -43,17 +43,24 @@ def override_problems(cls: type, base: type) -> list[str]:
         left_alone = [candidate for candidate in known if candidate not in own]
         close = difflib.get_close_matches(name, left_alone, n=1, cutoff=MISSPELLING_CUTOFF)
         if close:
-            problems.append(f"{name!r} is not a member of {base.__name__}: a misspelling of {close[0]!r}?")
+            problems.append(
+                f"{name!r} is not a member of {base.__name__}: a misspelling of {close[0]!r}? (a helper of your "
+                "own: name it with a leading _)"
+            )
     return problems
 
 
 def _signature_problems(name: str, member: Any, original: Any, base: type) -> list[str]:
     if not inspect.isfunction(original):
         return []
-    if not inspect.isfunction(member):
+    function = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
+    if not inspect.isfunction(function):
         return [f"{name!r} is a method of {base.__name__}, but is set to a {type(member).__name__} here"]
     expected = inspect.signature(original)
-    actual = inspect.signature(member)
+    actual = inspect.signature(function)
+    if isinstance(member, staticmethod):  # called on the instance as the method is: no self to take
+        instance = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)
+        actual = actual.replace(parameters=[instance, *actual.parameters.values()])
     problem = _incompatibility(expected, actual)
     if problem is None:
         return []
@@ -82,9 +89,7 @@ def _incompatibility(expected: inspect.Signature, actual: inspect.Signature) -> 
                 return f"no keyword argument {param.name!r}"
             accepted.add(param.name)
             continue
-        if index < len(positional):
-            if positional[index].name != param.name and positional[index].kind is not param.POSITIONAL_ONLY:
-                return f"argument {index} is named {positional[index].name!r}, not {param.name!r}"
+        if index < len(positional):  # the core passes these by position: their names are the plugin's
             accepted.add(positional[index].name)
         elif not takes_args:
             return f"no argument {param.name!r}"
@@ -112,6 +117,8 @@ def check_instance(obj: Any, kind: str, base: type) -> None:
     if not isinstance(obj, base):
         raise TypeError(f"{kind} {reprlib.repr(obj)} ({type(obj).__name__}) is not a {base.__name__}")
     problems = [f"{name!r} is not set" for name in missing_members(obj, base)]
-    problems += override_problems(type(obj), base)
+    # against the nearest class of trtdeploy's it derives from: a TextLLMSpec's own members are guarded too
+    nearest = next(klass for klass in type(obj).__mro__ if klass.__module__.split(".")[0] == "trtdeploy")
+    problems += override_problems(type(obj), nearest)
     if problems:
         raise TypeError(f"{kind} {type(obj).__name__}: {'; '.join(problems)}")

@@ -328,10 +328,17 @@ class Workload(ABC):
 
 def check_workload(workload: Any, model: str) -> Workload:
     """``workload``, made by the plugin of ``model``, once it is a sound :class:`Workload` (every member set, none
-    misspelt, methods perf can call, a known :attr:`~Workload.family`); TypeError naming the model otherwise."""
+    misspelt, methods perf can call, a known :attr:`~Workload.family`); UsageError naming the model otherwise (the
+    plugin's fault, told in one line as a bad registration is, not a traceback)."""
     kind = f"the workload of model {model!r}"
-    check_instance(workload, kind, Workload)
+    hint = f"fix or upgrade the plugin that provides model {model!r} (`trtdeploy plugins` names it)"
+    try:
+        check_instance(workload, kind, Workload)
+    except TypeError as exc:
+        raise UsageError(str(exc), hint=hint) from None
     if workload.family not in get_args(MetricFamily):
         known = ", ".join(get_args(MetricFamily))
-        raise TypeError(f"{kind} {type(workload).__name__}: family {workload.family!r} is not one of {known}")
+        raise UsageError(
+            f"{kind} {type(workload).__name__}: family {workload.family!r} is not one of {known}", hint=hint
+        )
     return workload

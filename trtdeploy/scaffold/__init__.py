@@ -35,6 +35,10 @@ LAYERS: dict[Kind, tuple[str, ...]] = {
 NAME_PATTERN = re.compile(r"[a-z][a-z0-9_]*\Z")
 #: Triton model names of the deployments the kinds render: a plugin's entry model may not take one.
 RESERVED_NAMES = frozenset({"tensorrt_llm", "ensemble", "preprocessing", "postprocessing"})
+#: Names the generated code imports, which a spec class named after the plugin would shadow (``none`` makes ``None``).
+TEMPLATE_IMPORTS = frozenset(
+    {"ASRWorkload", "Deployment", "Mode", "ModelSpec", "TTSWorkload", "TextLLMSpec", "UsageError", "Path", "Any"}
+)
 
 
 @dataclass(frozen=True)
@@ -72,12 +76,18 @@ def plugin_names(name: str, kind: Kind) -> PluginNames:
         raise UsageError(
             f"plugin name {name!r} is a Triton model of every deployment", hint=f"choose another name, e.g. my_{name}"
         )
+    class_name = "".join(part.capitalize() for part in name.split("_"))
+    if keyword.iskeyword(class_name) or class_name in TEMPLATE_IMPORTS:
+        raise UsageError(
+            f"plugin name {name!r} makes the class name {class_name}, which the plugin's code cannot use",
+            hint=f"choose another name, e.g. my_{name}",
+        )
     return PluginNames(
         name=name,
         kind=kind,
         distribution="trtdeploy-" + name.replace("_", "-"),
         module=f"trtdeploy_{name}",
-        class_name="".join(part.capitalize() for part in name.split("_")),
+        class_name=class_name,
         trtdeploy_version=__version__,
     )
 

@@ -93,8 +93,9 @@ class TokenizerText:
     def __init__(self, tokenizer: Any, *, skip_special_tokens: bool) -> None:
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens
-        fallback = getattr(tokenizer.backend_tokenizer.model, "byte_fallback", False)
-        vocab = tokenizer.get_vocab() if fallback else {}
+        # whatever the model says of byte fallback (a Unigram model has no such setting, its decoder falls back
+        # all the same): the pieces spelled as bytes are held as runs
+        vocab = tokenizer.get_vocab()
         self._byte_pieces = frozenset(index for token, index in vocab.items() if BYTE_PIECE.fullmatch(token))
         specials = {index for index, token in tokenizer.added_tokens_decoder.items() if token.special}
         self._skipped = frozenset(specials | set(tokenizer.all_special_ids)) if skip_special_tokens else frozenset()

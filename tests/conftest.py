@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -36,6 +37,13 @@ def only_named_plugins(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
 def qwen_checkpoint(trtdeploy_checkpoint) -> Path:
     """A tiny random-weight Qwen2 checkpoint (config, safetensors, tokenizer) written by the qwen_llm plugin."""
     return trtdeploy_checkpoint("qwen_llm")
+
+
+def interruptible() -> None:
+    """``preexec_fn`` of a command a test sends SIGINT to: the command takes Ctrl-C as one started at a terminal
+    does, even where this test run ignores it (a job started in the background by a non-interactive shell is, and
+    its children inherit that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 300):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import run_cli
+from ..conftest import interruptible, run_cli
 from ..server.helpers import leftovers, wait_until
 
 pytestmark = pytest.mark.server
@@ -115,6 +115,7 @@ def test_an_interrupted_sweep_keeps_its_finished_points_and_resumes(qwen_checkpo
     proc = subprocess.Popen(
         [sys.executable, "-m", "trtdeploy", *sweep_args(qwen_checkpoint, out, *matrix_and_perf)],
         cwd=tmp_path, env={**os.environ, **state}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=interruptible,
     )  # fmt: skip
     try:  # the first point measured, the second one's level under way
         assert wait_until(lambda: any(second_run.glob("*/requests.jsonl")), timeout=180), proc.stderr

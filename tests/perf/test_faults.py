@@ -22,6 +22,7 @@ from trtdeploy.perf.llm import TextLLMWorkload
 from trtdeploy.perf.runner import Endpoint, LoadSettings, run_levels
 from trtdeploy.perf.workload import InputRow, RequestOptions
 
+from ..conftest import interruptible
 from ..server.helpers import leftovers, wait_until
 
 pytestmark = pytest.mark.server
@@ -41,8 +42,9 @@ def cli(*args: str, env: dict[str, str], cwd: Path, timeout: float = 120) -> sub
 
 def start_perf(*args: str, env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [*CLI, "perf", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd
-    )
+        [*CLI, "perf", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+        preexec_fn=interruptible,
+    )  # fmt: skip
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from pathlib import Path
 from trtdeploy.server import ephemeral_ports
 from trtdeploy.server._process import _proc_stat, process_cmdline
 
+from ..conftest import interruptible
 from ..manifests import write_manifest
 
 ECHO_MODEL = """
@@ -187,7 +188,9 @@ def run_cli(
 
 
 def start_cli(*args: str, cwd: Path | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
+    return subprocess.Popen(
+        [*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, preexec_fn=interruptible
+    )
 
 
 def record_of(state_dir: Path, grpc_port: int) -> Path | None:

@@ -233,11 +233,18 @@ def test_a_step_whose_program_is_missing_fails_it_with_exit_4(qwen_checkpoint, t
         main(argv)
     assert exit_info.value.code == 4
     error = capsys.readouterr().err
-    assert "Error: build step 'build' runs 'trtllm-build-not-installed', which is not installed" in error
+    assert "Error: build step 'build' runs 'trtllm-build-not-installed', which cannot be run: not installed" in error
     assert "Traceback" not in error
     failed = tmp_path / "qwen_llm" / "torch-fp32-bs8-tp1pp1-streaming.failed"
     [record] = json.loads((failed / "manifest.json").read_text())["steps"]
     assert record["returncode"] == 127 and record["missing_program"] == "trtllm-build-not-installed"
+    not_executable = tmp_path / "convert.sh"
+    not_executable.write_text("#!/bin/sh\n")  # there, but not executable: said so, not called missing
+    step = BuildStep("build", "build the engine", argv=(str(not_executable),))
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--force"])
+    assert exit_info.value.code == 4
+    assert f"runs '{not_executable}', which cannot be run: Permission denied" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("given", "word"), [({}, "neither"), ({"argv": ("true",), "run": print}, "both")])

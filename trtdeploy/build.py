@@ -573,8 +573,9 @@ def _execute(
                 "examples/ folder of the same TensorRT-LLM release",
             )
         if record.get("missing_program"):
+            program, reason = record["missing_program"], record["cannot_run"]
             raise BuildError(
-                f"build step {step.name!r} runs {record['missing_program']!r}, which is not installed (not on PATH)",
+                f"build step {step.name!r} runs {program!r}, which cannot be run: {reason}",
                 hint="install it, or build inside the serving image (see the Dockerfile)",
             )
         if record["returncode"] != 0:
@@ -615,6 +616,7 @@ def _run_step(step: BuildStep, log: Path, *, cwd: Path) -> dict[str, Any]:
                 handle.write(f"cannot run {step.argv[0]}: {exc.strerror}\n")
                 record["returncode"] = 127
                 record["missing_program"] = step.argv[0]
+                record["cannot_run"] = "not installed (not on PATH)" if "/" not in step.argv[0] else exc.strerror
         else:
             assert step.run is not None
             try:

@@ -38,6 +38,7 @@ output [
 parameters {{ key: "token_delay_ms", value: {{ string_value: "{delay}" }} }}
 parameters {{ key: "with_ids", value: {{ string_value: "{with_ids}" }} }}
 parameters {{ key: "tokenizer_dir", value: {{ string_value: "{tokenizer_dir}" }} }}
+parameters {{ key: "text_llm", value: {{ string_value: "qwen_llm" }} }}
 instance_group [ {{ count: 1, kind: KIND_CPU }} ]
 """
 

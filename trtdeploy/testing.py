@@ -5,7 +5,7 @@ tritonserver, on the CPU and without the Hub::
 
     def test_my_model(trtdeploy_deploy, trtdeploy_serve):
         deployment = trtdeploy_deploy("my_model", mode="offline")
-        server = trtdeploy_serve(deployment)   # started once per deployment, stopped at the end of the session
+        server = trtdeploy_serve(deployment)   # started once per deployment, kept for later tests
 """
 
 from __future__ import annotations
@@ -70,16 +70,28 @@ def trtdeploy_deploy(
     return deploy
 
 
-@pytest.fixture(scope="session")
-def trtdeploy_serve() -> Iterator[Callable[[Deployment], RunningServer]]:
-    """``serve(deployment)``: the real tritonserver on that deployment, started once and stopped after the session."""
-    from .server import ephemeral_ports, launch
+class ServedDeployments:
+    """``serve(deployment)``: the real tritonserver on that deployment, started once and kept for later tests.
 
-    running: dict[Path, RunningServer] = {}
+    Every server holds its models' memory (a speech model's about a gigabyte on the CPU), so at most
+    :attr:`keep` run at once besides those the current test module asked for: starting another stops the one asked
+    for longest ago by an earlier module (started again if a later test asks for it). The rest stop with the session.
+    """
 
-    def serve(deployment: Deployment) -> RunningServer:
-        server = running.get(deployment.path)
+    #: Servers kept running from earlier test modules.
+    keep = 4
+
+    def __init__(self) -> None:
+        self._running: dict[Path, RunningServer] = {}
+        self._asked: dict[Path, int] = {}  # deployment -> the module that last asked for it, oldest first
+        self._module = 0
+
+    def __call__(self, deployment: Deployment) -> RunningServer:
+        from .server import ephemeral_ports, launch
+
+        server = self._running.get(deployment.path)
         if server is None or server.poll() is not None:
+            self._make_room()
             http, grpc, metrics = ephemeral_ports()  # Triton's 8000-8002 stay free for the user's own servers
             server = launch(
                 deployment.model_repo,
@@ -89,12 +101,38 @@ def trtdeploy_serve() -> Iterator[Callable[[Deployment], RunningServer]]:
                 models=deployment.models,
                 log_file=deployment.logs_dir / f"tritonserver-{os.getpid()}.log",
             )
-            running[deployment.path] = server
+            self._running[deployment.path] = server
+        self._asked.pop(deployment.path, None)
+        self._asked[deployment.path] = self._module
         return server
 
-    yield serve
-    for server in running.values():
-        server.stop()
+    def next_module(self) -> None:
+        self._module += 1
+
+    def _make_room(self) -> None:
+        earlier = [path for path, module in self._asked.items() if module < self._module and path in self._running]
+        while earlier and len(self._running) >= self.keep:
+            self._running.pop(earlier.pop(0)).stop()
+
+    def stop_all(self) -> None:
+        for server in self._running.values():
+            server.stop()
+        self._running.clear()
+
+
+@pytest.fixture(scope="session")
+def trtdeploy_serve() -> Iterator[ServedDeployments]:
+    """``serve(deployment)``: the real tritonserver on that deployment, started once and kept for later tests (at
+    most :attr:`ServedDeployments.keep` from earlier test modules: see :class:`ServedDeployments`)."""
+    served = ServedDeployments()
+    yield served
+    served.stop_all()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _trtdeploy_serve_module(trtdeploy_serve: ServedDeployments) -> None:
+    """Tells :class:`ServedDeployments` that a test module starts."""
+    trtdeploy_serve.next_module()
 
 
 @pytest.fixture

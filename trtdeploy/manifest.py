@@ -32,6 +32,28 @@ def read_manifest(path: Path) -> dict[str, Any]:
     BuildError when it cannot be read or parsed; UsageError when it is not an object (not a manifest) or is of
     another schema version (naming both).
     """
+    manifest = _read_object(path)
+    _check_schema(path, manifest)
+    return manifest
+
+
+def load_complete(folder: Path) -> dict[str, Any]:
+    """The manifest of the deployment ``folder`` (see :func:`read_manifest`); BuildError unless it is of a complete
+    build (one that failed or is under way says why, and where its logs are, whatever its schema)."""
+    path = folder / MANIFEST
+    manifest = _read_object(path)
+    status = manifest.get("status")
+    if status != COMPLETE:
+        reason = manifest.get("error") or "the build did not finish"
+        raise BuildError(
+            f"deployment {folder} is not a complete build (status {status!r}: {reason})",
+            hint=f"see its logs in {folder / 'logs'}, then rerun `trtdeploy build ... --force`",
+        )
+    _check_schema(path, manifest)
+    return manifest
+
+
+def _read_object(path: Path) -> dict[str, Any]:
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -41,6 +63,10 @@ def read_manifest(path: Path) -> dict[str, Any]:
             f"{path} is not a deployment manifest (a JSON {type(manifest).__name__}, not an object)",
             hint="pass a deployment folder written by `trtdeploy build`",
         )
+    return manifest
+
+
+def _check_schema(path: Path, manifest: dict[str, Any]) -> None:
     schema = manifest.get("schema")
     if schema != SCHEMA:
         newer = isinstance(schema, int) and schema > SCHEMA
@@ -48,21 +74,6 @@ def read_manifest(path: Path) -> dict[str, Any]:
             f"{path} is of manifest schema {schema}, and this trtdeploy reads schema {SCHEMA}",
             hint=REBUILD + (", or upgrade trtdeploy" if newer else ""),
         )
-    return manifest
-
-
-def load_complete(folder: Path) -> dict[str, Any]:
-    """The manifest of the deployment ``folder`` (see :func:`read_manifest`); BuildError unless it is of a complete
-    build (one that failed or is under way says why, and where its logs are)."""
-    manifest = read_manifest(folder / MANIFEST)
-    status = manifest.get("status")
-    if status != COMPLETE:
-        reason = manifest.get("error") or "the build did not finish"
-        raise BuildError(
-            f"deployment {folder} is not a complete build (status {status!r}: {reason})",
-            hint=f"see its logs in {folder / 'logs'}, then rerun `trtdeploy build ... --force`",
-        )
-    return manifest
 
 
 def reusable_manifest(folder: Path) -> dict[str, Any] | None:

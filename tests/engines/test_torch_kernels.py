@@ -32,9 +32,9 @@ def pytorch_path():
 def on_cpu(value):
     if isinstance(value, tuple):
         return tuple(on_cpu(item) for item in value)
-    if isinstance(value, torch.Tensor) and value.is_floating_point():
-        return value.cpu().float()
-    return value.cpu() if isinstance(value, torch.Tensor) else value
+    if isinstance(value, torch.Tensor):  # a copy, even of a float32 CPU tensor: references must not alias inputs
+        return (value.float() if value.is_floating_point() else value).cpu().clone()
+    return value
 
 
 @pytest.mark.skipif(
@@ -90,6 +90,53 @@ def test_decode_self_attention_writes_the_new_key_and_attends_up_to_each_positio
     tolerance = 2e-3 if dtype == torch.float16 else 1e-4
     torch.testing.assert_close(out.cpu().float(), ref_out, atol=tolerance, rtol=tolerance)
     assert torch.equal(k_cache.cpu().float(), ref_k) and torch.equal(v_cache.cpu().float(), ref_v)
+
+
+@kernel_test
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(14, 2, 64), (8, 8, 128)], ids=["gqa", "mha"])
+def test_rope_write_kv_rotates_queries_and_keys_and_writes_each_rows_position(dtype, heads, kv_heads, dim):
+    slots, max_len = 6, 448
+    generator = torch.Generator().manual_seed(4)
+    k_cache, v_cache = (torch.randn(slots + 1, kv_heads, max_len, dim, generator=generator).to(DEVICE, dtype)
+                        for _ in range(2))  # fmt: skip
+    qkv = torch.randn(4, heads + 2 * kv_heads, dim, generator=generator).to(DEVICE, dtype)
+    positions = torch.tensor([0, 31, 5, 447], device=DEVICE)
+    # the tables as the decoder model makes them: cos, and sin with its first half negated
+    angles = torch.arange(max_len)[:, None] * (10000.0 ** (-torch.arange(dim // 2) / (dim // 2)))[None, :]
+    angles = torch.cat((angles, angles), -1)
+    sin = torch.cat((-angles.sin()[:, : dim // 2], angles.sin()[:, dim // 2 :]), -1)
+    rope = (angles.cos().to(DEVICE, dtype), sin.to(DEVICE, dtype))
+    before = on_cpu(k_cache)
+    ref_k, ref_v = on_cpu(k_cache), on_cpu(v_cache)
+    with pytorch_path():
+        ref_q = kernels.rope_write_kv(on_cpu(qkv), ref_k, ref_v, positions.cpu(), on_cpu(rope))
+    q = kernels.rope_write_kv(qkv, k_cache, v_cache, positions, rope)
+    # the kernel rounds a rotation once; the PyTorch path after each of its three ops
+    tolerance = 3e-2 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(q.cpu().float(), ref_q, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(k_cache.cpu().float(), ref_k, atol=tolerance, rtol=tolerance)
+    assert torch.equal(v_cache.cpu().float(), ref_v)
+    written = (before != ref_k).any(-1).nonzero()[:, [0, 2]].unique(dim=0).tolist()  # (slot, position) pairs
+    assert written == [[0, 0], [1, 31], [2, 5], [3, 447]]
+
+
+@kernel_test
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_add_rms_norm_and_silu_mul_match_the_unfused_ops(dtype):
+    generator = torch.Generator().manual_seed(3)
+    x, y = ((torch.randn(3, 896, generator=generator) * 4).to(DEVICE, dtype) for _ in range(2))
+    weight = (torch.rand(896, generator=generator) + 0.5).to(DEVICE, dtype)
+    gate_up = torch.randn(5, 2 * 4864, generator=generator).to(DEVICE, dtype)
+    total, out = kernels.add_rms_norm(x, y, weight, 1e-6)
+    gated = kernels.silu_mul(gate_up)
+    with pytorch_path():
+        ref_total, ref_out = kernels.add_rms_norm(on_cpu(x), on_cpu(y), on_cpu(weight), 1e-6)
+        ref_gated = kernels.silu_mul(on_cpu(gate_up))
+    assert torch.equal(total.cpu().float(), ref_total.to(dtype).float())
+    tolerance = 1e-2 if dtype == torch.float16 else 1e-5
+    torch.testing.assert_close(out.cpu().float(), ref_out, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(gated.cpu().float(), ref_gated, atol=tolerance, rtol=tolerance)
 
 
 @kernel_test

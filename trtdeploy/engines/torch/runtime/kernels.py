@@ -4,13 +4,17 @@ Each function takes the same tensors on every device: on a CUDA device with Trit
 kernel, elsewhere the same arithmetic as PyTorch ops (the CPU path, and the reference the tests compare with). Under
 Triton's interpreter (``TRITON_INTERPRET=1``) the kernels run on CPU tensors too: that is how the tests check them
 on a machine without a GPU.
-What they save is launches: a Whisper decode step at batch 16 runs ~20 small kernels per layer, each a few
-microseconds whatever its size, and the encoder's residual adds and LayerNorms each read and write the whole
-activation.
+What they save is launches: a decode step at small batch runs ~20 small kernels per layer unfused (Whisper's at
+batch 16, a Qwen's at batch 1), each a few microseconds whatever its size, and the encoder's residual adds and
+LayerNorms each read and write the whole activation.
 
-- :func:`add_layer_norm`: a residual add (clamped, for fp16 activations) and the LayerNorm of the sum, one pass.
+- :func:`add_layer_norm`, :func:`add_rms_norm`: a residual add (clamped, for fp16 activations) and the LayerNorm or
+  RMSNorm of the sum, one pass.
 - :func:`decode_self_attention`: a decode step's self-attention over each slot's cache up to its own position, with
   the new key and value written into the cache by the same kernel (no separate scatters, no mask, no span).
+- :func:`rope_write_kv`: a decoder LM's decode step's rotary embedding of the new queries and keys, and the new keys
+  and values written into the cache, one pass (five kernels unfused).
+- :func:`silu_mul`: the gated MLP's ``silu(gate) * up`` from the fused gate/up projection, one pass.
 - :func:`write_cross_kv`: the cross-attention keys and values of encoder frames, from the projection's
   frames-major output into the head-major cache slots (an indexed copy from a transposed view reads far below the
   memory bandwidth).
@@ -44,9 +48,9 @@ def fused(*tensors: torch.Tensor, dim: int = 1) -> bool:
 if triton is not None:
 
     @triton.jit
-    def _add_layer_norm_kernel(
+    def _add_norm_kernel(
         x_ptr, y_ptr, total_ptr, out_ptr, weight_ptr, bias_ptr, cols, eps, bound,
-        CLAMP: tl.constexpr, BLOCK: tl.constexpr,
+        CLAMP: tl.constexpr, RMS: tl.constexpr, BLOCK: tl.constexpr,
     ):  # fmt: skip
         row = tl.program_id(0).to(tl.int64) * cols
         offsets = tl.arange(0, BLOCK)
@@ -60,12 +64,15 @@ if triton is not None:
         total = total.to(x.dtype)
         tl.store(total_ptr + row + offsets, total, mask=inside)
         value = total.to(tl.float32)
-        mean = tl.sum(value, 0) / cols
-        centered = tl.where(inside, value - mean, 0.0)
-        rstd = 1.0 / tl.sqrt(tl.sum(centered * centered, 0) / cols + eps)
         weight = tl.load(weight_ptr + offsets, mask=inside).to(tl.float32)
-        bias = tl.load(bias_ptr + offsets, mask=inside).to(tl.float32)
-        tl.store(out_ptr + row + offsets, (centered * rstd * weight + bias).to(x.dtype), mask=inside)
+        if RMS:  # as F.rms_norm: in float32, rounded once
+            rstd = 1.0 / tl.sqrt(tl.sum(value * value, 0) / cols + eps)
+            normed = value * rstd * weight
+        else:
+            centered = tl.where(inside, value - tl.sum(value, 0) / cols, 0.0)
+            rstd = 1.0 / tl.sqrt(tl.sum(centered * centered, 0) / cols + eps)
+            normed = centered * rstd * weight + tl.load(bias_ptr + offsets, mask=inside).to(tl.float32)
+        tl.store(out_ptr + row + offsets, normed.to(x.dtype), mask=inside)
 
     @triton.jit
     def _decode_self_attention_kernel(
@@ -106,6 +113,43 @@ if triton is not None:
         tl.store(out, (acc / weights).to(new_v.dtype))
 
     @triton.jit
+    def _rope_write_kv_kernel(
+        qkv_ptr, k_cache_ptr, v_cache_ptr, positions_ptr, cos_ptr, sin_ptr, q_ptr,
+        heads, kv_heads, cache_slot, cache_head, cache_position,
+        DIM: tl.constexpr,
+    ):  # fmt: skip
+        # One program per row and head of qkv: a query head is rotated into q, a key head rotated into the cache, a
+        # value head copied into it.
+        slot = tl.program_id(0)
+        head = tl.program_id(1)
+        dims = tl.arange(0, DIM)
+        row = qkv_ptr + (slot.to(tl.int64) * (heads + 2 * kv_heads) + head) * DIM
+        x = tl.load(row + dims)
+        position = tl.load(positions_ptr + slot)
+        cache = slot.to(tl.int64) * cache_slot + position * cache_position + dims
+        if head < heads + kv_heads:  # x * cos + rotate_half(x) * sin, rotate_half's signs in the sin table
+            cos = tl.load(cos_ptr + position * DIM + dims).to(tl.float32)
+            sin = tl.load(sin_ptr + position * DIM + dims).to(tl.float32)
+            rolled = tl.load(row + (dims + DIM // 2) % DIM).to(tl.float32)
+            rotated = (x.to(tl.float32) * cos + rolled * sin).to(x.dtype)
+            if head < heads:
+                tl.store(q_ptr + (slot.to(tl.int64) * heads + head) * DIM + dims, rotated)
+            else:
+                tl.store(k_cache_ptr + cache + (head - heads).to(tl.int64) * cache_head, rotated)
+        else:
+            tl.store(v_cache_ptr + cache + (head - heads - kv_heads).to(tl.int64) * cache_head, x)
+
+    @triton.jit
+    def _silu_mul_kernel(gate_up_ptr, out_ptr, cols, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        offsets = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        inside = offsets < cols
+        gate = tl.load(gate_up_ptr + row * 2 * cols + offsets, mask=inside, other=0.0).to(tl.float32)
+        up = tl.load(gate_up_ptr + row * 2 * cols + cols + offsets, mask=inside, other=0.0).to(tl.float32)
+        out = gate / (1.0 + tl.exp(-gate)) * up
+        tl.store(out_ptr + row * cols + offsets, out.to(out_ptr.dtype.element_ty), mask=inside)
+
+    @triton.jit
     def _write_cross_kv_kernel(
         kv_ptr, k_cache_ptr, v_cache_ptr, slots_ptr, frames, heads, cache_slot, cache_head, cache_frame,
         DIM: tl.constexpr, HEADS: tl.constexpr,
@@ -132,15 +176,41 @@ def add_layer_norm(
         if clamp is not None:
             total = total.clamp(-clamp, clamp)
         return total, F.layer_norm(total, total.shape[-1:], *norm, eps)
+    return _add_norm(x, y, *norm, eps, clamp, rms=False)
+
+
+def add_rms_norm(
+    x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x + y`` and its RMSNorm over the last dimension."""
+    if not fused(x, y):
+        total = x + y
+        return total, F.rms_norm(total, total.shape[-1:], weight, eps)
+    return _add_norm(x, y, weight, weight, eps, None, rms=True)  # the bias argument is not read
+
+
+def _add_norm(x, y, weight, bias, eps: float, clamp: float | None, rms: bool) -> tuple[torch.Tensor, torch.Tensor]:
     x, y = x.contiguous(), y.expand_as(x).contiguous()
     cols = x.shape[-1]
     total, out = torch.empty_like(x), torch.empty_like(x)
     block = triton.next_power_of_2(cols)
-    _add_layer_norm_kernel[(x.numel() // cols,)](
-        x, y, total, out, *norm, cols, eps, clamp or 0.0,
-        CLAMP=clamp is not None, BLOCK=block, num_warps=max(1, min(8, block // 256)),
+    _add_norm_kernel[(x.numel() // cols,)](
+        x, y, total, out, weight, bias, cols, eps, clamp or 0.0,
+        CLAMP=clamp is not None, RMS=rms, BLOCK=block, num_warps=max(1, min(8, block // 256)),
     )  # fmt: skip
     return total, out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` of ``gate_up [rows, 2 * cols]`` (the gate's columns first), ``[rows, cols]``."""
+    if not fused(gate_up):
+        gate, up = gate_up.chunk(2, -1)
+        return F.silu(gate) * up
+    rows, cols = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty(rows, cols, dtype=gate_up.dtype, device=gate_up.device)
+    block = 1024
+    _silu_mul_kernel[(rows, triton.cdiv(cols, block))](gate_up.contiguous(), out, cols, BLOCK=block, num_warps=4)
+    return out
 
 
 def decode_self_attention(
@@ -168,6 +238,36 @@ def decode_self_attention(
         qkv.contiguous(), k_cache, v_cache, positions, out, heads, *k_cache.stride()[:3], DIM=dim, BLOCK=32, num_warps=2
     )
     return out
+
+
+def rope_write_kv(
+    qkv: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    positions: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
+) -> torch.Tensor:
+    """A decode step's rotary embedding and cache writes for rows ``qkv [batch, heads + 2 * kv_heads, dim]``
+    (queries, then keys, then values): row ``i``'s query and key are rotated at ``positions[i]`` by the ``rope =
+    (cos, sin)`` tables ``[max_len, dim]`` (the sin's first half negated), its key and value written there in
+    ``k_cache``/``v_cache [>= batch, kv_heads, max_len, dim]``. Returns the rotated queries ``[batch, heads, dim]``."""
+    batch, rows, dim = qkv.shape
+    kv_heads = k_cache.shape[1]
+    heads = rows - 2 * kv_heads
+    if not fused(qkv, k_cache, dim=dim):
+        cos, sin = (table[positions][:, None, :] for table in rope)
+        qk, v = qkv[:, : heads + kv_heads], qkv[:, heads + kv_heads :]
+        qk = torch.addcmul(qk * cos, torch.roll(qk, dim // 2, -1), sin)
+        index = positions.view(batch, 1, 1, 1).expand(batch, kv_heads, 1, dim)
+        k_cache[:batch].scatter_(2, index, qk[:, heads:].unsqueeze(2))
+        v_cache[:batch].scatter_(2, index, v.unsqueeze(2))
+        return qk[:, :heads]
+    q = torch.empty(batch, heads, dim, dtype=qkv.dtype, device=qkv.device)
+    _rope_write_kv_kernel[(batch, rows)](
+        qkv.contiguous(), k_cache, v_cache, positions, *rope, q, heads, kv_heads, *k_cache.stride()[:3],
+        DIM=dim, num_warps=1,
+    )  # fmt: skip
+    return q
 
 
 def write_cross_kv(kv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor) -> None:

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from .host import to_device
+from .kernels import add_rms_norm, rope_write_kv, silu_mul
 
 log = logging.getLogger(__name__)
 
@@ -335,9 +336,13 @@ class DecoderModel(SlotModel):
         self.scaling = attention.scaling
         self.eps = config.rms_norm_eps
         self.act = base.layers[0].mlp.act_fn
+        #: SiLU-gated MLPs (every architecture served so far) take the fused kernel on a GPU.
+        self._silu = getattr(config, "hidden_act", None) in ("silu", "swish")
         self.layers = [self._extract(layer) for layer in base.layers]
         self.embed = base.embed_tokens.weight.detach()
         self.final_norm = base.norm.weight.detach()
+        #: The RMSNorm after each layer, fused with its last residual add: the next layer's first, the final one.
+        self._next_norms = [layer.input_norm for layer in self.layers[1:]] + [self.final_norm]
         self.lm_head = causal_lm.lm_head.weight.detach()
         with torch.no_grad():
             positions = torch.arange(max_seq_len, device=self.device)[None]
@@ -393,22 +398,34 @@ class DecoderModel(SlotModel):
 
     # --- layers -------------------------------------------------------------------------------------------------
 
+    def _qkv(self, layer: _Layer, h: torch.Tensor) -> torch.Tensor:
+        """``h [..., hidden]`` projected to q, k and v ``[..., heads + 2 * kv_heads, head_dim]``, q and k
+        RMS-normalised per head where the model does so (Qwen3), not yet rotated."""
+        heads, kv_heads = self.num_heads, self.num_kv_heads
+        qkv = F.linear(h, layer.qkv_weight, layer.qkv_bias).unflatten(-1, (heads + 2 * kv_heads, self.head_dim))
+        if layer.q_norm is None:
+            return qkv
+        q = F.rms_norm(qkv[..., :heads, :], (self.head_dim,), layer.q_norm, self.eps)
+        k = F.rms_norm(qkv[..., heads : heads + kv_heads, :], (self.head_dim,), layer.k_norm, self.eps)
+        return torch.cat((q, k, qkv[..., heads + kv_heads :, :]), -2)
+
     def _rope_qkv(self, layer: _Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Project ``h [..., hidden]`` to rotated q ``[..., H, d]``, rotated k and v ``[..., KV, d]``."""
         heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = F.linear(h, layer.qkv_weight, layer.qkv_bias).unflatten(-1, (heads + 2 * kv_heads, dim))
+        qkv = self._qkv(layer, h)
         qk, v = qkv[..., : heads + kv_heads, :], qkv[..., heads + kv_heads :, :]
-        if layer.q_norm is not None:
-            q = F.rms_norm(qk[..., :heads, :], (dim,), layer.q_norm, self.eps)
-            k = F.rms_norm(qk[..., heads:, :], (dim,), layer.k_norm, self.eps)
-            qk = torch.cat((q, k), -2)
         qk = torch.addcmul(qk * cos, torch.roll(qk, dim // 2, -1), sin)
         return qk[..., :heads, :], qk[..., heads:, :], v
 
-    def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
-        h = F.rms_norm(x, x.shape[-1:], layer.post_norm, self.eps)
-        gate, up = F.linear(h, layer.gate_up_weight, layer.gate_up_bias).chunk(2, -1)
-        return x + F.linear(self.act(gate) * up, layer.down_weight, layer.down_bias)
+    def _mlp(self, layer: _Layer, h: torch.Tensor) -> torch.Tensor:
+        """The MLP's output for its normalised input ``h`` (the residual add is the caller's)."""
+        gate_up = F.linear(h, layer.gate_up_weight, layer.gate_up_bias)
+        if self._silu:
+            gated = silu_mul(gate_up.flatten(0, -2)).view(*gate_up.shape[:-1], -1)
+        else:
+            gate, up = gate_up.chunk(2, -1)
+            gated = self.act(gate) * up
+        return F.linear(gated, layer.down_weight, layer.down_bias)
 
     @torch.inference_mode()
     def prompt_logits(self, prompt: list[int]) -> torch.Tensor:
@@ -432,7 +449,7 @@ class DecoderModel(SlotModel):
             # Right padding: a real query never attends past its own position, so causal masking suffices.
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling, enable_gqa=True)
             x = x + F.linear(out.transpose(1, 2).flatten(2), layer.o_weight, layer.o_bias)
-            x = self._mlp(layer, x)
+            x = x + self._mlp(layer, F.rms_norm(x, x.shape[-1:], layer.post_norm, self.eps))
         if last is not None:
             x = x[torch.arange(rows, device=self.device), last]
         x = F.rms_norm(x, x.shape[-1:], self.final_norm, self.eps)
@@ -441,30 +458,28 @@ class DecoderModel(SlotModel):
     # --- decode -------------------------------------------------------------------------------------------------
 
     def _decode_forward(self, batch: int, span: int) -> None:
-        """One token for slots ``[0, batch)``: reads the static inputs, writes K/V and ``logits[:batch]``."""
+        """One token for slots ``[0, batch)``: reads the static inputs, writes K/V and ``logits[:batch]``. The new
+        queries and keys are rotated and the new K/V written by one kernel (:func:`rope_write_kv`), and each
+        residual add is fused with the RMSNorm after it."""
         kv_heads, dim = self.num_kv_heads, self.head_dim
         groups = self.num_heads // kv_heads
         positions = self.positions[:batch]
-        cos, sin = self.cos[positions][:, None, :], self.sin_signed[positions][:, None, :]
-        write_index = positions.view(batch, 1, 1, 1).expand(batch, kv_heads, 1, dim)
+        rope = (self.cos, self.sin_signed)
         keys = torch.arange(span, device=self.device)
         mask = torch.zeros(batch, span, dtype=self.dtype, device=self.device)
         mask.masked_fill_(keys[None, :] > positions[:, None], float("-inf"))
         mask = mask[:, None, None, :].expand(batch, kv_heads, groups, span).reshape(batch * kv_heads, groups, span)
         x = F.embedding(self.tokens[:batch], self.embed)
-        for index, layer in enumerate(self.layers):
-            h = F.rms_norm(x, x.shape[-1:], layer.input_norm, self.eps)
-            q, k, v = self._rope_qkv(layer, h, cos, sin)
-            k_cache, v_cache = self.k_cache[index, :batch], self.v_cache[index, :batch]
-            k_cache.scatter_(2, write_index, k.unsqueeze(2))
-            v_cache.scatter_(2, write_index, v.unsqueeze(2))
+        h = F.rms_norm(x, x.shape[-1:], self.layers[0].input_norm, self.eps)
+        for index, (layer, next_norm) in enumerate(zip(self.layers, self._next_norms, strict=True)):
+            k_cache, v_cache = self.k_cache[index], self.v_cache[index]
+            q = rope_write_kv(self._qkv(layer, h), k_cache, v_cache, positions, rope)
             q = q.reshape(batch * kv_heads, groups, dim)
-            keys_view = k_cache[:, :, :span].flatten(0, 1)
-            values_view = v_cache[:, :, :span].flatten(0, 1)
+            keys_view = k_cache[:batch, :, :span].flatten(0, 1)
+            values_view = v_cache[:batch, :, :span].flatten(0, 1)
             scores = torch.baddbmm(mask, q, keys_view.transpose(1, 2), alpha=self.scaling)
             probs = torch.softmax(scores, -1)  # accumulates in float32 for half types
             out = torch.bmm(probs, values_view).view(batch, -1)
-            x = x + F.linear(out, layer.o_weight, layer.o_bias)
-            x = self._mlp(layer, x)
-        x = F.rms_norm(x, x.shape[-1:], self.final_norm, self.eps)
-        torch.mm(x, self.lm_head.t(), out=self.logits[:batch])
+            x, h = add_rms_norm(x, F.linear(out, layer.o_weight, layer.o_bias), layer.post_norm, self.eps)
+            x, h = add_rms_norm(x, self._mlp(layer, h), next_norm, self.eps)
+        torch.mm(h, self.lm_head.t(), out=self.logits[:batch])

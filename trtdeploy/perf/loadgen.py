@@ -87,14 +87,21 @@ def arrival_offsets(
     average."""
     import numpy as np
 
-    mean_ns = 1e9 / rate
-    if arrival == "constant":
-        gaps = np.full(count, mean_ns)
-    elif arrival == "gamma":
-        gaps = np.random.default_rng(list(seed)).gamma(burstiness, mean_ns / burstiness, count)
-    else:
-        gaps = np.random.default_rng(list(seed)).exponential(mean_ns, count)
+    gaps = arrival_gaps(count, 1e9 / rate, arrival=arrival, burstiness=burstiness, seed=seed)
     return np.cumsum(gaps).astype(np.int64).tolist()
+
+
+def arrival_gaps(
+    count: int, mean_gap: float, *, arrival: str = "poisson", burstiness: float = 1.0, seed: Sequence[int] = (0,)
+) -> Any:
+    """The gaps before each of ``count`` requests (a numpy array, in the unit of ``mean_gap``, their mean)."""
+    import numpy as np
+
+    if arrival == "constant":
+        return np.full(count, mean_gap)
+    if arrival == "gamma":
+        return np.random.default_rng(list(seed)).gamma(burstiness, mean_gap / burstiness, count)
+    return np.random.default_rng(list(seed)).exponential(mean_gap, count)
 
 
 def arrivals_within(

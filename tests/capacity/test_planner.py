@@ -1,0 +1,87 @@
+"""The planner and its simulation against closed forms: M/M/c queues (Erlang C), and the balancers' order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trtdeploy.capacity import Load, hpa_target, plan
+from trtdeploy.capacity import simulate as simulate_module
+from trtdeploy.capacity.simulate import latencies, simulate, twin_table
+
+from .runs import busier_is_slower_curve, exponential_curve, mmc_response_quantile
+
+
+@pytest.mark.parametrize("balancing", ["round-robin", "least-requests", "random"])
+def test_one_replica_of_exponential_servers_queues_as_mmc(balancing):
+    """With one replica every balancer feeds it Poisson arrivals: an M/M/4 queue at 80% load."""
+    curve = exponential_curve("e2e_ms_p99<=6000", slots=4)
+    outcome = simulate(curve, 1, Load(3.2, duration_s=20_000, seed=1), balancing)
+    e2e = latencies(curve, outcome)["e2e_ms"] / 1e3
+    assert outcome.wait_s.max() > 0  # requests did queue
+    for q in (0.5, 0.99):
+        expected = mmc_response_quantile(3.2, 4, 1.0, q)
+        assert np.quantile(e2e, q) == pytest.approx(expected, rel=0.1), q
+
+
+def test_the_planner_finds_the_fewest_replicas_that_meet_the_slo():
+    """Random balancing splits Poisson arrivals into independent M/M/4 queues at rate / n: the closed form says
+    6 replicas miss a p99 of 6.5 s at 20 req/s and 7 meet it, each by a margin beyond the simulation's noise."""
+    limit_s = 6.5
+    assert mmc_response_quantile(20 / 6, 4, 1.0, 0.99) > 1.15 * limit_s
+    assert mmc_response_quantile(20 / 7, 4, 1.0, 0.99) < 0.9 * limit_s
+    curve = exponential_curve(f"e2e_ms_p99<={limit_s * 1e3:g}", slots=4)
+    found = plan(curve, 20, balancing=("random",), headroom=0, load=Load(20, duration_s=20_000, seed=3))
+    assert found.replicas_for_throughput == 5  # 4 req/s each: 5 replicas would run at 100%
+    assert found.replicas == 7
+    assert dict(found.tried)[6] is False
+    assert found.gpus == 7 and found.pods == 7
+    (simulated,) = found.simulated
+    p99 = simulated.slo_percentiles["e2e_ms_p99"]
+    assert p99 == pytest.approx(mmc_response_quantile(20 / 7, 4, 1.0, 0.99) * 1e3, rel=0.1)
+
+
+def test_headroom_sets_the_replicas_when_the_slo_alone_needs_fewer():
+    curve = exponential_curve("e2e_ms_p99<=20000", slots=4)
+    found = plan(curve, 20, balancing=("round-robin",), headroom=0.5, load=Load(20, duration_s=2000))
+    assert found.replicas == found.replicas_for_throughput == 10  # 2 req/s each: half of a replica's 4
+    assert found.tried == ((10, True),)
+
+
+def test_least_requests_is_never_worse_than_round_robin_on_identical_replicas():
+    curve = busier_is_slower_curve("e2e_ms_p99<=10000")
+    load = Load(8 * 0.85 * curve.best.throughput, duration_s=2000, seed=5)
+    p99 = {}
+    for balancing in ("round-robin", "least-requests", "random"):
+        values = latencies(curve, simulate(curve, 8, load, balancing))
+        p99[balancing] = {metric: np.nanpercentile(column, 99) for metric, column in values.items()}
+    for metric in ("e2e_ms", "ttft_ms"):
+        assert p99["least-requests"][metric] <= p99["round-robin"][metric] <= p99["random"][metric], metric
+    assert p99["least-requests"]["itl_ms"] == 5.0  # not affected by queueing
+
+
+def test_replicas_routed_in_advance_are_the_same_stepped_at_once_or_in_turn(monkeypatch):
+    curve = busier_is_slower_curve("e2e_ms_p99<=10000")
+    load = Load(20 * 0.9 * curve.best.throughput, duration_s=300, seed=2)
+    at_once = simulate(curve, 20, load, "round-robin")
+    monkeypatch.setattr(simulate_module, "_VECTORISED_FROM", 1000)
+    in_turn = simulate(curve, 20, load, "round-robin")
+    assert at_once.wait_s.max() > 0
+    np.testing.assert_allclose(at_once.wait_s, in_turn.wait_s, atol=1e-9)
+    np.testing.assert_array_equal(at_once.twin, in_turn.twin)
+
+
+def test_a_request_is_drawn_from_the_levels_around_its_concurrency():
+    curve = busier_is_slower_curve("e2e_ms_p99<=10000", concurrencies=(2, 4))
+    table = twin_table(curve, 4)
+    low, high = curve.levels
+    in_level = [(table[k] >= high.start).mean() for k in (1, 2, 3, 4)]
+    assert in_level == [0.0, 0.0, 0.5, 1.0]  # below the lowest level: its requests; half way: half of each
+
+
+def test_the_hpa_target_is_read_off_the_curve_under_the_slo():
+    curve = exponential_curve("e2e_ms_p99<=6000", slots=4)  # k requests in flight serve k req/s
+    target = hpa_target(curve, headroom=0.25)
+    assert (target.slots, target.throughput) == (4, 4.0)
+    assert target.rate == pytest.approx(3.0)
+    assert target.in_flight == pytest.approx(3.0)

@@ -1,0 +1,292 @@
+"""Capacity for a target request rate: how many replicas of a measured deployment meet the SLO, their GPUs and
+pods, their simulated latencies behind each balancer, and the HPA target per replica that keeps the headroom."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import UsageError
+from ..perf.compare import default_labels, read_run, run_folders
+from ..perf.slo import Slo
+from .curves import ReplicaCurve, SloUnmet, read_curve
+from .simulate import Load, latencies, nearest_rank, percentiles, simulate
+
+#: The share of a replica's SLO throughput kept spare, unless --headroom says otherwise.
+DEFAULT_HEADROOM = 0.2
+#: The planner gives up when this many times the replicas that the throughput alone needs still miss the SLO.
+_MAX_FACTOR = 16
+
+
+@dataclass(frozen=True)
+class HpaTarget:
+    """What a HorizontalPodAutoscaler should hold each replica at (its leader pod, for a replica of several pods):
+    the average requests in flight (in service or waiting) at which one replica serves ``1 - headroom`` of the
+    most it serves under the SLO, read off the measured curve."""
+
+    #: The target average of requests in flight per replica (an HPA ``AverageValue``).
+    in_flight: float
+    #: Requests/s a replica serves at that target.
+    rate: float
+    #: Requests in flight at which one replica still met the SLO with the most throughput (the measured level).
+    slots: int
+    #: Requests/s one replica serves there.
+    throughput: float
+    headroom: float
+    slo: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def hpa_target(curve: ReplicaCurve, *, headroom: float = DEFAULT_HEADROOM) -> HpaTarget:
+    """The HPA target of ``curve``: where its throughput-against-concurrency line (through the origin and the
+    measured levels up to the best) reaches ``1 - headroom`` of the best level's throughput. UsageError when no
+    level meets the curve's SLO, or for a headroom outside [0, 1)."""
+    check_headroom(headroom)
+    best = curve.best
+    rate = best.throughput * (1 - headroom)
+    points = [(0.0, 0.0)] + [
+        (lv.concurrency, lv.throughput) for lv in curve.levels if lv.concurrency <= best.concurrency
+    ]
+    in_flight = best.concurrency
+    for (c0, x0), (c1, x1) in zip(points, points[1:], strict=False):
+        if x0 <= rate <= x1 and x1 > x0:
+            in_flight = c0 + (rate - x0) * (c1 - c0) / (x1 - x0)
+            break
+    return HpaTarget(in_flight, rate, curve.slots, best.throughput, headroom, curve.slo.describe())
+
+
+def recommend_hpa(run_dir: Path, *, slo: Slo | None = None, headroom: float = DEFAULT_HEADROOM) -> HpaTarget:
+    """The HPA target per replica for the deployment measured by the perf run in ``run_dir``, under ``slo`` (None:
+    the SLO the run was measured against). UsageError when the run has no SLO and none is given, or none of its
+    levels meets it; NotFoundError when ``run_dir`` is not a perf run."""
+    return hpa_target(read_curve(run_dir, slo), headroom=headroom)
+
+
+def check_headroom(headroom: float) -> None:
+    if not 0 <= headroom < 1:
+        raise UsageError(
+            f"--headroom must be >= 0 and < 1 (the share of a replica kept spare), got {headroom:g}",
+            hint="e.g. --headroom 0.2",
+        )
+
+
+@dataclass(frozen=True)
+class Simulated:
+    """The simulated fleet behind one balancer: its latencies (ms; RTF unitless), the SLO held against them, and
+    the requests in flight per replica against the HPA target."""
+
+    balancing: str
+    requests: int
+    percentiles: Mapping[str, Mapping[str, float | None]]
+    wait_ms: Mapping[str, float]
+    attainment: float | None
+    slo_percentiles: Mapping[str, float | None]
+    slo_met: bool
+    #: Average requests in flight per replica (Little's law over the simulated hour).
+    in_flight: float
+    #: The share of the HPA target that the average in flight leaves spare (below 0: the HPA would scale out).
+    hpa_headroom: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def held_against(slo: Slo, values: Mapping[str, np.ndarray]) -> tuple[float | None, dict[str, float | None], bool]:
+    """Attainment, percentile limits' values and whether ``slo`` is met by simulated requests' ``values``, as perf
+    holds a level against it (:class:`~trtdeploy.perf.slo.SloTally`, vectorised: a missing value meets no bound)."""
+    met = np.ones(len(next(iter(values.values()))), dtype=bool)
+    for limit in slo.per_request:
+        met &= values[limit.metric] <= limit.bound
+    attainment = float(met.mean()) if slo.per_request and len(met) else None
+    found = {limit.key: nearest_rank(values[limit.metric], limit.percentile or 0) for limit in slo.percentiles}
+    held = all(
+        value is not None and value <= limit.bound for limit, value in zip(slo.percentiles, found.values(), strict=True)
+    )
+    attained = not slo.per_request or (attainment is not None and attainment >= slo.attainment)
+    return attainment, found, attained and held
+
+
+def simulate_fleet(curve: ReplicaCurve, replicas: int, load: Load, balancing: str, hpa: HpaTarget) -> Simulated:
+    """``replicas`` replicas of ``curve`` behind ``balancing`` under ``load``, summarised."""
+    outcome = simulate(curve, replicas, load, balancing)
+    values = latencies(curve, outcome)
+    attainment, found, met = held_against(curve.slo, values)
+    wait_ms = outcome.wait_s * 1e3
+    busy_s = float((outcome.wait_s + curve.service_s[outcome.twin]).sum())
+    in_flight = busy_s / load.duration_s / replicas
+    return Simulated(
+        balancing=balancing,
+        requests=len(outcome.arrival_s),
+        percentiles=percentiles(values),
+        wait_ms={
+            "mean": float(wait_ms.mean()) if len(wait_ms) else 0.0,
+            "p99": float(np.percentile(wait_ms, 99)) if len(wait_ms) else 0.0,
+        },
+        attainment=attainment,
+        slo_percentiles=found,
+        slo_met=met,
+        in_flight=in_flight,
+        hpa_headroom=1 - in_flight / hpa.in_flight,
+    )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The replicas, GPUs and pods for a target rate from one measured deployment, and its simulated fleet."""
+
+    label: str
+    target_rate: float
+    slo: str
+    headroom: float
+    #: The measured level a replica is run at (its concurrency or rate) and what one replica serves there.
+    level: str
+    slots: int
+    replica_throughput: float
+    #: Replicas the throughput alone needs with the headroom kept (the search starts there).
+    replicas_for_throughput: int
+    replicas: int
+    gpus_per_replica: int
+    pods_per_replica: int
+    hpa: HpaTarget
+    simulated: tuple[Simulated, ...]
+    #: Each replica count simulated, and whether every balancer met the SLO with it.
+    tried: tuple[tuple[int, bool], ...]
+
+    @property
+    def gpus(self) -> int:
+        return self.replicas * self.gpus_per_replica
+
+    @property
+    def pods(self) -> int:
+        return self.replicas * self.pods_per_replica
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["hpa"] = self.hpa.to_dict()
+        data["tried"] = [{"replicas": n, "slo_met": met} for n, met in self.tried]
+        return {**data, "gpus": self.gpus, "pods": self.pods}
+
+
+def plan(
+    curve: ReplicaCurve,
+    target_rate: float,
+    *,
+    balancing: Sequence[str] = ("round-robin", "least-requests"),
+    headroom: float = DEFAULT_HEADROOM,
+    load: Load | None = None,
+    gpus_per_replica: int | None = None,
+    gpus_per_node: int = 8,
+) -> Plan:
+    """The fewest replicas of ``curve``, no fewer than ``target_rate`` needs with ``headroom`` kept spare, whose
+    simulated fleet meets the curve's SLO behind every balancer of ``balancing``.
+
+    The search simulates from the throughput's count up, doubling the step until the SLO is met, then halving back
+    to the fewest that meet it (more replicas never make a balancer's queues longer). ``load`` sets the simulated
+    load's shape and length (its rate is ``target_rate``)."""
+    if not target_rate > 0:
+        raise UsageError(f"--target-rate must be > 0 requests/s, got {target_rate:g}", hint="e.g. --target-rate 50")
+    if gpus_per_node < 1:
+        raise UsageError(f"--gpus-per-node must be >= 1, got {gpus_per_node}", hint="e.g. --gpus-per-node 8")
+    gpus = gpus_per_replica or curve.gpus
+    if gpus is None:
+        raise UsageError(
+            f"{curve.label} does not record the build it measured, so the GPUs of a replica are not known",
+            hint="pass --gpus-per-replica",
+        )
+    missing = [limit.key for limit in curve.slo.limits if limit.metric not in curve.samples]
+    if missing:
+        raise UsageError(
+            f"{curve.label} measured no value for --slo {', '.join(missing)}",
+            hint=f"SLO keys it has values for: {', '.join(curve.samples)}",
+        )
+    hpa = hpa_target(curve, headroom=headroom)
+    load = replace(load or Load(target_rate), rate=target_rate)
+    first = max(1, math.ceil(target_rate / hpa.rate))
+    results: dict[int, tuple[Simulated, ...]] = {}
+
+    def meets(replicas: int) -> bool:
+        if replicas not in results:
+            results[replicas] = tuple(simulate_fleet(curve, replicas, load, name, hpa) for name in balancing)
+        return all(result.slo_met for result in results[replicas])
+
+    low, step = first - 1, 1  # low: the most replicas known to miss the SLO (first - 1: too few for the rate)
+    high = first
+    while not meets(high):
+        if high >= _MAX_FACTOR * first:
+            raise UsageError(
+                f"{curve.label}: even {high} replicas miss the SLO ({curve.slo.describe()}) in simulation at "
+                f"{target_rate:g} req/s",
+                hint="a replica meets it only when it is nearly idle: relax --slo, or measure lower loads",
+            )
+        low, step = high, step * 2
+        high = min(high + step, _MAX_FACTOR * first)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if meets(middle) else (middle, high)
+    return Plan(
+        label=curve.label,
+        target_rate=target_rate,
+        slo=curve.slo.describe(),
+        headroom=headroom,
+        level=curve.best.label,
+        slots=curve.slots,
+        replica_throughput=curve.best.throughput,
+        replicas_for_throughput=first,
+        replicas=high,
+        gpus_per_replica=gpus,
+        pods_per_replica=math.ceil(gpus / gpus_per_node),
+        hpa=hpa,
+        simulated=results[high],
+        tried=tuple((n, all(r.slo_met for r in results[n])) for n in sorted(results)),
+    )
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """A plan per measured point of a sweep (or why a point cannot meet the SLO), and the point with the fewest
+    GPUs."""
+
+    plans: tuple[Plan, ...]
+    #: label -> why the point cannot meet the SLO.
+    excluded: Mapping[str, str]
+
+    @property
+    def best(self) -> Plan:
+        return min(self.plans, key=lambda each: (each.gpus, each.pods, each.replicas))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "best": self.best.label,
+            "plans": [each.to_dict() for each in self.plans],
+            "excluded": dict(self.excluded),
+        }
+
+
+def plan_runs(paths: Sequence[Path], target_rate: float, *, slo: Slo | None = None, **options: Any) -> SweepPlan:
+    """A :func:`plan` for each run in ``paths`` (a sweep's folder: its measured points' runs), labelled as
+    ``trtdeploy report`` labels them; a point whose SLO no level meets is excluded with the reason. UsageError
+    when no point can meet it."""
+    folders = run_folders(paths)
+    labels = default_labels([read_run(folder) for folder in folders])
+    plans: list[Plan] = []
+    excluded: dict[str, str] = {}
+    for folder, label in zip(folders, labels, strict=True):
+        try:
+            plans.append(plan(read_curve(folder, slo, label=label), target_rate, **options))
+        except SloUnmet as exc:
+            if len(folders) == 1:
+                raise
+            excluded[label] = exc.message
+    if not plans:
+        raise UsageError(
+            f"no point of {', '.join(map(str, paths))} meets the SLO at any measured load (one replica)",
+            hint="relax --slo/--attainment, or sweep lower loads",
+        )
+    return SweepPlan(tuple(plans), excluded)

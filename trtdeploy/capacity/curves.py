@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import NotFoundError, UsageError
 from ..perf.compare import read_run
-from ..perf.report import REQUESTS_JSONL, level_text
+from ..perf.report import REQUESTS_JSONL
 from ..perf.slo import KNOWN_METRICS, Limit, Slo, SloTally
 
 
@@ -57,7 +57,7 @@ class CurveLevel:
     @property
     def label(self) -> str:
         """``8`` (concurrency) or ``2.5/s`` (an open-loop level's rate)."""
-        return level_text({"concurrency": self.concurrency, "request_rate": self.request_rate})
+        return f"{self.concurrency:g}" if self.request_rate is None else f"{self.request_rate:g}/s"
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ COMMANDS = (
     ("perf", "perf"),
     ("report", "report"),
     ("sweep", "sweep"),
+    ("capacity", "capacity"),
     ("quickstart", "quickstart"),
     ("new_plugin", "new-plugin"),
 )

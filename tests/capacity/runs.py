@@ -69,12 +69,9 @@ def mmc_response_quantile(arrival_rate: float, slots: int, mean_s: float, q: flo
     """The ``q`` quantile of the response time (wait + service) of an M/M/c queue, from Erlang C: a request waits
     with probability C, then an exponential time of rate c·mu - lambda."""
     mu = 1 / mean_s
-    load = arrival_rate / mu
-    rho = load / slots
-    if rho >= 1:
+    if arrival_rate >= slots * mu:
         return math.inf
-    tail = load**slots / math.factorial(slots) / (1 - rho)
-    erlang_c = tail / (sum(load**k / math.factorial(k) for k in range(slots)) + tail)
+    erlang_c = _erlang_c(arrival_rate / mu, slots)
     drain = slots * mu - arrival_rate
 
     def cdf(t: float) -> float:
@@ -92,3 +89,16 @@ def mmc_response_quantile(arrival_rate: float, slots: int, mean_s: float, q: flo
         middle = (low + high) / 2
         low, high = (middle, high) if cdf(middle) < q else (low, middle)
     return (low + high) / 2
+
+
+def mmc_mean_in_system(arrival_rate: float, slots: int, mean_s: float) -> float:
+    """The mean number of requests in an M/M/c queue (waiting or in service): C·rho/(1 - rho) + lambda/mu."""
+    load = arrival_rate * mean_s
+    rho = load / slots
+    return _erlang_c(load, slots) * rho / (1 - rho) + load
+
+
+def _erlang_c(load: float, slots: int) -> float:
+    """The probability that a request of an M/M/c queue at offered load ``load`` (lambda/mu) waits."""
+    tail = load**slots / math.factorial(slots) / (1 - load / slots)
+    return tail / (sum(load**k / math.factorial(k) for k in range(slots)) + tail)

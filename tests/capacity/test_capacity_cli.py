@@ -50,14 +50,16 @@ def test_a_run_planned_for_a_target_rate(run, tmp_path, capsys):
         assert simulated["slo_met"]
         assert simulated["percentiles"]["e2e_ms"]["p50"] >= 100
         assert simulated["percentiles"]["ttft_ms"]["p50"] >= 10
-        # Poisson arrivals hold more in flight than the closed loop did at the same rate: the HPA would add one
-        assert simulated["hpa_headroom"] == pytest.approx(1 - simulated["in_flight"] / 1.9)
-        assert simulated["hpa_headroom"] < 0
+        # below the target at the planned load: the HPA adds no replica
+        assert simulated["hpa_headroom"] == pytest.approx(1 - simulated["in_flight"] / planned["hpa"]["in_flight"])
+        assert simulated["hpa_headroom"] > 0
     assert sorted(path.name for path in (tmp_path / "plan").iterdir()) == ["capacity.csv", "capacity.json"]
     target = recommend_hpa(run)
     assert target.to_dict() == planned["hpa"]
-    # 16 req/s (20% spare) lies 0.9 of the way from the level of 1 in flight (10 req/s) to that of 2 (16.7)
-    assert (target.slots, target.rate, target.in_flight) == (4, pytest.approx(16.0), pytest.approx(1.9))
+    # 16 req/s (20% spare) took 1.9 in flight in the closed loop (0.9 of the way from the level of 1 in flight at
+    # 10 req/s to that of 2 at 16.7); Poisson arrivals at that rate hold more
+    assert (target.slots, target.rate) == (4, pytest.approx(16.0))
+    assert 1.9 < target.in_flight < 4
 
 
 def test_the_table_names_the_replicas_gpus_and_balancers(run, capsys):

@@ -9,7 +9,7 @@ from trtdeploy.capacity import Load, hpa_target, plan
 from trtdeploy.capacity import simulate as simulate_module
 from trtdeploy.capacity.simulate import latencies, simulate, twin_table
 
-from .runs import busier_is_slower_curve, exponential_curve, mmc_response_quantile
+from .runs import busier_is_slower_curve, exponential_curve, mmc_mean_in_system, mmc_response_quantile
 
 
 @pytest.mark.parametrize("balancing", ["round-robin", "least-requests", "random"])
@@ -79,9 +79,26 @@ def test_a_request_is_drawn_from_the_levels_around_its_concurrency():
     assert in_level == [0.0, 0.0, 0.5, 1.0]  # below the lowest level: its requests; half way: half of each
 
 
-def test_the_hpa_target_is_read_off_the_curve_under_the_slo():
+def test_the_hpa_target_is_one_replicas_mean_in_flight_under_poisson_arrivals():
+    """An M/M/4 replica at 75% load holds 3 in service and Erlang C's queue on average: more than the 3 in flight
+    that the closed loop needed for the same 3 req/s."""
     curve = exponential_curve("e2e_ms_p99<=6000", slots=4)  # k requests in flight serve k req/s
     target = hpa_target(curve, headroom=0.25)
     assert (target.slots, target.throughput) == (4, 4.0)
     assert target.rate == pytest.approx(3.0)
-    assert target.in_flight == pytest.approx(3.0)
+    assert mmc_mean_in_system(3.0, 4, 1.0) == pytest.approx(4.53, abs=0.01)
+    assert target.in_flight == pytest.approx(mmc_mean_in_system(3.0, 4, 1.0), rel=0.05)
+
+
+@pytest.mark.parametrize("headroom", [0.0, 0.2])
+def test_a_planned_fleet_holds_less_in_flight_than_its_hpa_target(headroom):
+    """At the planned load an HPA on the target does not scale out: every balancer leaves it headroom."""
+    curve = busier_is_slower_curve("e2e_ms_p99<=10000")
+    rate = 5.5 * (1 - headroom) * curve.best.throughput
+    found = plan(curve, rate, balancing=("round-robin", "least-requests", "random"), headroom=headroom,
+                 load=Load(rate, duration_s=2000, seed=4))  # fmt: skip
+    assert found.replicas_for_throughput == 6
+    for simulated in found.simulated:
+        assert simulated.in_flight <= found.hpa.in_flight * 1.03, simulated.balancing  # random: Poisson, as the target
+        if simulated.balancing != "random":
+            assert simulated.hpa_headroom > 0, simulated.balancing

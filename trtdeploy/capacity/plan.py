@@ -15,7 +15,7 @@ from ..errors import UsageError
 from ..perf.compare import default_labels, read_run, run_folders
 from ..perf.slo import Slo
 from .curves import ReplicaCurve, SloUnmet, read_curve
-from .simulate import Load, latencies, nearest_rank, percentiles, simulate
+from .simulate import Load, Outcome, latencies, nearest_rank, percentiles, simulate
 
 #: The share of a replica's SLO throughput kept spare, unless --headroom says otherwise.
 DEFAULT_HEADROOM = 0.2
@@ -26,8 +26,10 @@ _MAX_FACTOR = 16
 @dataclass(frozen=True)
 class HpaTarget:
     """What a HorizontalPodAutoscaler should hold each replica at (its leader pod, for a replica of several pods):
-    the average requests in flight (in service or waiting) at which one replica serves ``1 - headroom`` of the
-    most it serves under the SLO, read off the measured curve."""
+    the average requests in flight (in service or waiting) of one replica that Poisson arrivals at ``1 - headroom``
+    of the most it serves under the SLO give it, simulated from the measured curve. A fleet at or below that rate
+    per replica averages no more in flight behind any balancer (round-robin and least-requests smooth a replica's
+    arrivals), so the HPA scales out only past the planned load."""
 
     #: The target average of requests in flight per replica (an HPA ``AverageValue``).
     in_flight: float
@@ -44,22 +46,24 @@ class HpaTarget:
         return asdict(self)
 
 
-def hpa_target(curve: ReplicaCurve, *, headroom: float = DEFAULT_HEADROOM) -> HpaTarget:
-    """The HPA target of ``curve``: where its throughput-against-concurrency line (through the origin and the
-    measured levels up to the best) reaches ``1 - headroom`` of the best level's throughput. UsageError when no
-    level meets the curve's SLO, or for a headroom outside [0, 1)."""
+#: Requests simulated for an HPA target: the mean in flight of one replica settles within ~1% well before.
+_HPA_REQUESTS = 50_000
+
+
+def hpa_target(curve: ReplicaCurve, *, headroom: float = DEFAULT_HEADROOM, seed: int = 0) -> HpaTarget:
+    """The HPA target of ``curve`` (see :class:`HpaTarget`). UsageError when no level meets the curve's SLO, or for
+    a headroom outside [0, 1)."""
     check_headroom(headroom)
     best = curve.best
     rate = best.throughput * (1 - headroom)
-    points = [(0.0, 0.0)] + [
-        (lv.concurrency, lv.throughput) for lv in curve.levels if lv.concurrency <= best.concurrency
-    ]
-    in_flight = best.concurrency
-    for (c0, x0), (c1, x1) in zip(points, points[1:], strict=False):
-        if x0 <= rate <= x1 and x1 > x0:
-            in_flight = c0 + (rate - x0) * (c1 - c0) / (x1 - x0)
-            break
+    load = Load(rate, duration_s=_HPA_REQUESTS / rate, seed=seed)
+    in_flight = mean_in_flight(curve, simulate(curve, 1, load, "random"), load, replicas=1)
     return HpaTarget(in_flight, rate, curve.slots, best.throughput, headroom, curve.slo.describe())
+
+
+def mean_in_flight(curve: ReplicaCurve, outcome: Outcome, load: Load, *, replicas: int) -> float:
+    """Average requests in flight per replica over the simulated load (Little's law: time in the system / time)."""
+    return float((outcome.wait_s + curve.service_s[outcome.twin]).sum()) / load.duration_s / replicas
 
 
 def recommend_hpa(run_dir: Path, *, slo: Slo | None = None, headroom: float = DEFAULT_HEADROOM) -> HpaTarget:
@@ -119,8 +123,7 @@ def simulate_fleet(curve: ReplicaCurve, replicas: int, load: Load, balancing: st
     values = latencies(curve, outcome)
     attainment, found, met = held_against(curve.slo, values)
     wait_ms = outcome.wait_s * 1e3
-    busy_s = float((outcome.wait_s + curve.service_s[outcome.twin]).sum())
-    in_flight = busy_s / load.duration_s / replicas
+    in_flight = mean_in_flight(curve, outcome, load, replicas=replicas)
     return Simulated(
         balancing=balancing,
         requests=len(outcome.arrival_s),

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import os
+import warnings
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from .errors import BuildError, NotFoundError
+from .errors import BuildError, NotFoundError, TrtDeployWarning
+from .fsutil import atomic_write_text
 from .manifest import COMPLETE, MANIFEST, REBUILD, load_complete, manifest_status
 from .spec import BuildPoint
+
+#: ``serve``'s measurements of how long the deployment takes to load, beside its manifest.
+LOAD_TIMES = "load_times.json"
+#: How many of the latest measurements it keeps.
+LOAD_TIMES_KEPT = 10
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,30 @@ class Deployment:
     def server_ranks(self) -> int:
         """How many tritonserver processes (MPI ranks) serve this deployment."""
         return int(self.manifest.get("server_ranks", self.world_size))
+
+    @property
+    def load_times(self) -> list[dict[str, Any]]:
+        """The latest load times ``serve`` measured (oldest first): ``{"at", "seconds"}`` each; none when never
+        served (or the file is unreadable: it is only a measurement)."""
+        try:
+            records = json.loads((self.path / LOAD_TIMES).read_text(encoding="utf-8"))["loads"]
+            return [record for record in records if isinstance(record.get("seconds"), (int, float))]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return []
+
+    def record_load_time(self, seconds: float) -> None:
+        """Add a measured load time (seconds from starting tritonserver to every model ready), keeping the latest
+        :data:`LOAD_TIMES_KEPT`; a folder that cannot be written is a warning, never a failed serve."""
+        record = {"at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "seconds": round(seconds, 2)}
+        loads = [*self.load_times, record][-LOAD_TIMES_KEPT:]
+        try:
+            atomic_write_text(self.path / LOAD_TIMES, json.dumps({"loads": loads}, indent=2) + "\n")
+        except OSError as exc:
+            warnings.warn(
+                f"cannot record the load time in {self.path / LOAD_TIMES}: {exc.strerror or exc}",
+                TrtDeployWarning,
+                stacklevel=2,
+            )
 
 
 def iter_manifests(root: Path) -> list[Path]:

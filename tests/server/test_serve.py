@@ -38,3 +38,12 @@ def test_a_deployment_being_started_is_not_started_twice(tmp_path: Path) -> None
         with pytest.raises(ServerError, match=f"a server for {dep.path} is being started"):
             serve_deployment(dep)
     assert not (dep.logs_dir).exists()  # refused before anything was written
+
+
+def test_serve_records_how_long_the_deployment_took_to_load(tmp_path: Path, state_dir: Path) -> None:
+    """Beside the manifest, for `export k8s` to size its startup probe with."""
+    dep = Deployment.load(write_deployment(tmp_path / "dep", "echo"))
+    server, _ = serve_deployment(dep, background=True)
+    server.stop()
+    (record,) = dep.load_times
+    assert record["seconds"] > 0 and set(record) == {"at", "seconds"}

@@ -710,9 +710,10 @@ def server_command(
     world_size: int = 1,
     llm_models: Sequence[str] = ("tensorrt_llm",),
     orchestrator_gpus: Sequence[int] = (),
+    mpi_options: Sequence[str] = (),
 ) -> list[str]:
     """The tritonserver command line; for ``world_size`` > 1 or ``orchestrator_gpus``, mpirun's arguments (without
-    ``mpirun`` itself).
+    ``mpirun`` itself), ``mpi_options`` (where the ranks run, say) before the ranks.
 
     Several ranks follow TRT-LLM's launch_triton_server.py: rank 0 serves the whole repository on the ports (and
     alone has endpoints to bind and restrict); every other rank loads only the TRT-LLM model(s) in explicit mode,
@@ -767,7 +768,7 @@ def server_command(
 
     if world_size <= 1 and not orchestrator_gpus:
         return rank_args(0)
-    command = ["--allow-run-as-root"]
+    command = ["--allow-run-as-root", *mpi_options]
     for rank in range(world_size):
         command += ["-n", "1", *rank_args(rank), ":"]
     return command[:-1]

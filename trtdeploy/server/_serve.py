@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from .. import gpus
 from ..deployment import Deployment
@@ -64,6 +65,7 @@ def serve_deployment(
                         hint="pass another --log-file, or none: each server gets its own in <deployment>/logs/",
                     )
         extra = [f"--log-verbose={log_verbose}"] if log_verbose else []
+        started = time.monotonic()
         server = launch(
             deployment.model_repo,
             http_port=http_port,
@@ -76,11 +78,10 @@ def serve_deployment(
             timeout=timeout,
             models=deployment.models,
             extra_args=extra,
-            world_size=deployment.server_ranks,
             env=deployment.server_env,
-            llm_models=[deployment.llm_model_name],
-            orchestrator_gpus=orchestrator_gpus(deployment),
+            **rank_layout(deployment),
         )
+        deployment.record_load_time(time.monotonic() - started)
         try:
             info = register(
                 server, deployment=deployment.path, entry_model=deployment.entry_model, background=background
@@ -91,14 +92,27 @@ def serve_deployment(
     return server, info
 
 
-def orchestrator_gpus(deployment: Deployment) -> tuple[int, ...]:
+def rank_layout(deployment: Deployment, gpu_count: int | None = None) -> dict[str, Any]:
+    """How the deployment's tritonserver ranks are laid out, as :func:`~trtdeploy.server.launch` and
+    :func:`~trtdeploy.server._process.server_command` take it (``world_size``, ``llm_models``,
+    ``orchestrator_gpus``): ``serve`` here, and the pods ``export k8s`` writes, which see ``gpu_count`` GPUs."""
+    return {
+        "world_size": deployment.server_ranks,
+        "llm_models": [deployment.llm_model_name],
+        "orchestrator_gpus": orchestrator_gpus(deployment, gpu_count),
+    }
+
+
+def orchestrator_gpus(deployment: Deployment, gpu_count: int | None = None) -> tuple[int, ...]:
     """The GPUs whose memory pools an orchestrator-mode server leaves to the spawned workers (none when the build did
-    not ask for that mode): every GPU nvidia-smi lists, as launch_triton_server.py counts them, and at least the
-    deployment's own."""
+    not ask for that mode): every GPU there is (``gpu_count``; default: what nvidia-smi lists, as
+    launch_triton_server.py counts them), and at least the deployment's own."""
     if deployment.server_env.get("TRTLLM_ORCHESTRATOR") != "1":
         return ()
-    detected = gpus.detect()
-    return tuple(range(max(detected.count if detected else 0, deployment.point.gpus_needed)))
+    if gpu_count is None:
+        detected = gpus.detect()
+        gpu_count = detected.count if detected else 0
+    return tuple(range(max(gpu_count, deployment.point.gpus_needed)))
 
 
 @contextmanager

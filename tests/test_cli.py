@@ -21,6 +21,8 @@ def test_every_command_has_help():
         assert f"Usage: trtdeploy {name}" in result.stdout
     top = run_cli("--help")
     assert top.returncode == 0 and all(name in top.stdout for name in names)
+    sub = run_cli("export", "k8s", "--help")  # a command group's commands
+    assert sub.returncode == 0 and "Usage: trtdeploy export k8s" in sub.stdout, sub.stderr
 
 
 def test_version():

@@ -56,6 +56,9 @@ class GpuProfile:
     memory_gib: int
     #: Substrings of nvidia-smi's product name that identify this GPU.
     aliases: tuple[str, ...] = ()
+    #: The ``nvidia.com/gpu.product`` node labels GPU Feature Discovery gives this GPU's models (the NVML name with
+    #: spaces as ``-``), where Kubernetes pods select their nodes.
+    node_labels: tuple[str, ...] = ()
 
     @property
     def supports_fp8(self) -> bool:
@@ -93,18 +96,30 @@ class GpuProfile:
 PROFILES: dict[str, GpuProfile] = {
     p.name: p
     for p in (
-        GpuProfile("L4", (8, 9), 24, ("L4",)),
-        GpuProfile("L20", (8, 9), 48, ("L20",)),
-        GpuProfile("L40S", (8, 9), 48, ("L40S",)),
-        GpuProfile("A10", (8, 6), 24, ("A10",)),
-        GpuProfile("A10G", (8, 6), 24, ("A10G",)),
-        GpuProfile("A100-40GB", (8, 0), 40, ("A100-SXM4-40GB", "A100-PCIE-40GB")),
-        GpuProfile("A100-80GB", (8, 0), 80, ("A100-SXM4-80GB", "A100 80GB", "A100-80GB")),
-        GpuProfile("H100", (9, 0), 80, ("H100",)),
-        GpuProfile("H200", (9, 0), 141, ("H200",)),
-        GpuProfile("RTX4090", (8, 9), 24, ("RTX 4090",)),
-        GpuProfile("RTX5090", (12, 0), 32, ("RTX 5090",)),
-        GpuProfile("B200", (10, 0), 180, ("B200",)),
+        GpuProfile("L4", (8, 9), 24, ("L4",), ("NVIDIA-L4",)),
+        GpuProfile("L20", (8, 9), 48, ("L20",), ("NVIDIA-L20",)),
+        GpuProfile("L40S", (8, 9), 48, ("L40S",), ("NVIDIA-L40S",)),
+        GpuProfile("A10", (8, 6), 24, ("A10",), ("NVIDIA-A10",)),
+        GpuProfile("A10G", (8, 6), 24, ("A10G",), ("NVIDIA-A10G",)),
+        GpuProfile(
+            "A100-40GB",
+            (8, 0),
+            40,
+            ("A100-SXM4-40GB", "A100-PCIE-40GB"),
+            ("NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-PCIE-40GB"),
+        ),
+        GpuProfile(
+            "A100-80GB",
+            (8, 0),
+            80,
+            ("A100-SXM4-80GB", "A100 80GB", "A100-80GB"),
+            ("NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe"),
+        ),
+        GpuProfile("H100", (9, 0), 80, ("H100",), ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-PCIe")),
+        GpuProfile("H200", (9, 0), 141, ("H200",), ("NVIDIA-H200",)),
+        GpuProfile("RTX4090", (8, 9), 24, ("RTX 4090",), ("NVIDIA-GeForce-RTX-4090",)),
+        GpuProfile("RTX5090", (12, 0), 32, ("RTX 5090",), ("NVIDIA-GeForce-RTX-5090",)),
+        GpuProfile("B200", (10, 0), 180, ("B200",), ("NVIDIA-B200",)),
     )
 }
 CPU = "cpu"

@@ -14,7 +14,8 @@ from .. import __version__
 from ..errors import ExitCode, TrtDeployError, TrtDeployWarning
 from ._output import err, warn
 
-#: (module, command name): each module under trtdeploy.cli defines a function of the same name as the module.
+#: (module, command name): each module under trtdeploy.cli defines a function of the same name as the module, or a
+#: typer.Typer of that name, whose commands become sub-commands (``export k8s``).
 COMMANDS = (
     ("plugins", "plugins"),
     ("gpus", "gpus"),
@@ -28,6 +29,7 @@ COMMANDS = (
     ("capacity", "capacity"),
     ("quickstart", "quickstart"),
     ("new_plugin", "new-plugin"),
+    ("export", "export"),
 )
 
 
@@ -58,7 +60,11 @@ def create_app() -> typer.Typer:
     app.callback()(_root)
     for module_name, command in COMMANDS:
         module = importlib.import_module(f"{__package__}.{module_name}")
-        app.command(name=command)(getattr(module, module_name))
+        found = getattr(module, module_name)
+        if isinstance(found, typer.Typer):
+            app.add_typer(found, name=command)
+        else:
+            app.command(name=command)(found)
     from ..plugins import call_each
 
     call_each("register_commands", app=app)

@@ -1,0 +1,114 @@
+"""Writing the manifests: every file rendered into a scratch folder, which replaces the output folder at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..deployment import Deployment
+from ..errors import UsageError
+from ..fsutil import scratch_beside
+from ..repo import template_environment
+from ._context import CONTAINER, ExportOptions, K8sContext, make_context
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+@dataclass(frozen=True)
+class Export:
+    """What ``export k8s`` wrote."""
+
+    output_dir: Path
+    #: The resources, in the order kustomization.yaml applies them.
+    resources: list[str]
+    #: Every file written (resources, kustomization.yaml, the adapter's values, the README), sorted.
+    files: list[str]
+    context: K8sContext
+
+
+def resource_files(ctx: K8sContext) -> list[str]:
+    """The resource files a deployment gets, in the order they are applied."""
+    files = []
+    if ctx.placement.multi_node:
+        files += ["serviceaccount.yaml", "role.yaml", "rolebinding.yaml", "configmap.yaml"]
+    if ctx.storage.create_claim:
+        files.append("pvc.yaml")
+    if ctx.storage.job:
+        files.append("build-job.yaml")
+    files += [
+        "leaderworkerset.yaml" if ctx.placement.multi_node else "deployment.yaml",
+        "service.yaml",
+        "service-headless.yaml",
+        "pdb.yaml",
+        "servicemonitor.yaml",
+        "hpa.yaml",
+    ]
+    if ctx.gateway_name:
+        files.append("grpcroute.yaml")
+    return files
+
+
+#: Files beside the resources, which kustomize does not apply.
+EXTRA_FILES = ("prometheus-adapter-values.yaml", "README.md")
+
+
+def render(ctx: K8sContext) -> dict[str, str]:
+    """Every file's text by name."""
+    env = template_environment(TEMPLATES)
+    env.filters["q"] = json.dumps  # a YAML string (JSON's are YAML's), whatever it holds
+    env.filters["quantity"] = _quantity
+    resources = resource_files(ctx)
+    names = [*resources, "kustomization.yaml", *EXTRA_FILES]
+    variables = {"ctx": ctx, "ctx_container": CONTAINER, "resources": resources}
+    texts = {name: env.get_template(f"{name}.j2").render(**variables) for name in names}
+    # the templates' macros leave blank lines between blocks; YAML needs none (its scripts have none either)
+    return {name: _without_blank_lines(text) if name.endswith(".yaml") else text for name, text in texts.items()}
+
+
+def _without_blank_lines(text: str) -> str:
+    return "".join(line for line in text.splitlines(keepends=True) if line.strip())
+
+
+def _quantity(value: float) -> str:
+    """A Kubernetes quantity: ``8`` or, for a fraction, milli-units (``1500m``)."""
+    return str(int(value)) if float(value).is_integer() else f"{round(value * 1000)}m"
+
+
+def export_k8s(
+    deployment: Deployment, options: ExportOptions, output_dir: Path | None = None, *, force: bool = False
+) -> Export:
+    """Write the deployment's Kubernetes manifests into ``output_dir`` (default: ``k8s/<name>``; it must be empty or
+    missing, unless ``force`` replaces it), all at once: nothing is written when anything fails."""
+    ctx = make_context(deployment, options)
+    output_dir = (output_dir or Path("k8s") / ctx.name).expanduser().absolute()
+    if output_dir.exists() and not output_dir.is_dir():
+        raise UsageError(f"--output-dir {output_dir} is a file", hint="pass a folder")
+    if output_dir.is_dir() and any(output_dir.iterdir()) and not force:
+        raise UsageError(
+            f"--output-dir {output_dir} is not empty", hint="pass --force to replace it, or another --output-dir"
+        )
+    texts = render(ctx)
+    scratch = scratch_beside(
+        output_dir, prefix=f".{output_dir.name}.export-", error=UsageError, hint="pass a writable --output-dir"
+    )
+    try:
+        for name, text in texts.items():
+            (scratch / name).write_text(text)
+        _swap_into_place(scratch, output_dir)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return Export(output_dir, resource_files(ctx), sorted(texts), ctx)
+
+
+def _swap_into_place(scratch: Path, final: Path) -> None:
+    old = None
+    if final.exists():
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        final.rename(old)
+    scratch.rename(final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -124,8 +124,6 @@ class ModelStorage:
     kind: Storage
     claim: str
     mount_path: str
-    #: Inside the claim: the deployment folder (``volume``), or nothing (``build`` mounts all of it).
-    sub_path: str
     #: The deployment folder and its model repository as the pods see them.
     deployment_dir: str
     model_repo: str
@@ -389,7 +387,6 @@ def _storage(deployment: Deployment, options: ExportOptions, name: str, placemen
         kind="build",
         claim=claim,
         mount_path=str(mount),
-        sub_path="",
         deployment_dir=str(deployment_dir),
         model_repo=str(deployment_dir / "model_repo"),
         create_claim=True,
@@ -417,7 +414,6 @@ def _volume_storage(deployment: Deployment, options: ExportOptions, mount: PureP
         kind="volume",
         claim=str(options.claim),
         mount_path=str(mount),
-        sub_path="",
         deployment_dir=str(folder),
         model_repo=str(folder / "model_repo"),
         create_claim=False,

@@ -17,11 +17,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from trtdeploy.capacity import recommend_hpa
 from trtdeploy.deployment import LOAD_TIMES_KEPT, Deployment
 from trtdeploy.engines.trtllm.versions import TRITON_IMAGES
 from trtdeploy.k8s import ExportOptions, build_argv, export_k8s, make_context, shell_word
 from trtdeploy.k8s._export import EXTRA_FILES
 
+from ..capacity.runs import write_llm_run
 from ..conftest import run_cli
 from ..engines.trtllm_helpers import under_ci
 from ..manifests import write_manifest
@@ -89,7 +91,7 @@ def test_every_manifest_validates_and_kustomize_applies_exactly_what_was_written
     assert {"ServiceMonitor", "HorizontalPodAutoscaler", "GRPCRoute"} <= set(kinds)
     assert ("Role" in kinds) == (workload == "LeaderWorkerSet")
     adapter = yaml.safe_load((written.output_dir / "prometheus-adapter-values.yaml").read_text())
-    assert "apiVersion" not in adapter and adapter["rules"]["custom"][0]["name"]["as"] == "triton_pending_requests"
+    assert "apiVersion" not in adapter and adapter["rules"]["custom"][0]["name"]["as"] == "triton_requests_in_flight"
 
 
 @pytest.mark.parametrize("label", DEPLOYMENTS)
@@ -307,3 +309,20 @@ def test_the_image_instructions_build_with_the_dockerfiles_arguments(deployment:
         assert set(ctx.image_build_args) <= set(re.findall(r"^ARG (\w+)=", dockerfile, re.MULTILINE))
         assert ctx.image_build_args["PLUGINS"] == "qwen_llm"
         assert TRITON_IMAGES[ctx.image_build_args["TRTLLM_VERSION"]] == ctx.image_build_args["TRITON_TAG"]
+
+
+def test_from_perf_sets_the_hpa_target_a_run_of_the_deployment_recommends(
+    deployment: Callable[..., Deployment], tmp_path: Path
+) -> None:
+    dep = deployment("torch-l4")
+    latencies = {1: [100.0] * 40, 2: [120.0] * 40, 4: [200.0] * 40}
+    run = write_llm_run(tmp_path / "run", latencies, build={"point": dep.point.name}, slo="e2e_ms_p99<=1000")
+    written = export_k8s(dep, ExportOptions(from_perf=run), tmp_path / "out")
+    (hpa,) = (document for _, document in _documents(written.output_dir, ["hpa.yaml"]))
+    target = hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"]
+    assert target == f"{round(recommend_hpa(run).in_flight * 1000)}m"
+    assert target != f"{dep.point.max_batch_size}"  # not the default: a full batch
+    other = write_llm_run(tmp_path / "other", latencies, build={"point": "torch-fp16-bs8"}, slo="e2e_ms_p99<=1000")
+    result = run_cli("export", "k8s", str(dep.path), "--from-perf", str(other), "--output-dir", str(tmp_path / "x"))
+    assert result.returncode == 2 and "measured the deployment torch-fp16-bs8" in result.stderr
+    assert not (tmp_path / "x").exists()

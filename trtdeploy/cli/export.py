@@ -73,6 +73,13 @@ def k8s(
     gateway: Annotated[
         str | None, typer.Option(help="Gateway ([NAMESPACE/]NAME) to route gRPC through: adds a GRPCRoute.")
     ] = None,
+    from_perf: Annotated[
+        Path | None,
+        typer.Option(
+            help="A `trtdeploy perf` run of DEPLOYMENT with an SLO: the HPA holds the requests in flight per pod it "
+            "recommends (default: a full batch).",
+        ),
+    ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty --output-dir.")] = False,
     json: JsonOpt = False,
 ) -> None:
@@ -95,6 +102,7 @@ def k8s(
         hf_token_secret=hf_token_secret,
         checkpoint_claim=checkpoint_claim,
         gateway=gateway,
+        from_perf=from_perf,
     )
     written = export_k8s(dep, options, output_dir, force=force)
     if json:

@@ -44,10 +44,10 @@ SHM_PER_PYTHON_INSTANCE_MIB = 256
 MAX_GPUS_PER_NODE = 8
 #: trtllm-build's --gpus_per_node, which the engines record and check against the node they run on (TRT-LLM 0.11+).
 ENGINE_GPUS_PER_NODE = 8
-#: The Triton metric the HPA scales on (through prometheus-adapter, under the name below), and its default target
-#: per pod where no measured threshold is given: one full batch waiting.
-HPA_SERIES = "nv_inference_pending_request_count"
-HPA_METRIC = "triton_pending_requests"
+#: The HPA scales on the requests in flight per pod (waiting or in service, in Triton or inside a backend): the rate
+#: of the entry model's cumulative request time (Little's law), which prometheus-adapter serves under the name below.
+HPA_SERIES = "nv_inference_request_duration_us"
+HPA_METRIC = "triton_requests_in_flight"
 _NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 #: Longest resource name: LeaderWorkerSet pods are named ``<name>-<group>-<worker>`` and must stay within 63.
 MAX_NAME = 45
@@ -81,8 +81,9 @@ class ExportOptions:
     checkpoint_claim: str | None = None
     #: A Gateway (``NAME`` or ``NAMESPACE/NAME``) to attach a GRPCRoute to.
     gateway: str | None = None
-    #: The HPA's target of pending requests per pod (default: the deployment's max batch size).
-    hpa_pending_requests: float | None = None
+    #: A perf run of this deployment: the HPA's target of requests in flight per pod is the one it recommends under
+    #: the run's SLO (:func:`trtdeploy.capacity.recommend_hpa`); without one, a full batch (the max batch size).
+    from_perf: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -253,7 +254,7 @@ def make_context(deployment: Deployment, options: ExportOptions) -> K8sContext:
             metric=HPA_METRIC,
             series=HPA_SERIES,
             entry_model=deployment.entry_model,
-            target_per_pod=options.hpa_pending_requests or float(point.max_batch_size),
+            target_per_pod=_hpa_target(deployment, options.from_perf),
             min_replicas=options.replicas,
             max_replicas=max_replicas,
         ),
@@ -268,6 +269,22 @@ def make_context(deployment: Deployment, options: ExportOptions) -> K8sContext:
         trtdeploy_version=__version__,
         plugin=plugin,
     )
+
+
+def _hpa_target(deployment: Deployment, run_dir: Path | None) -> float:
+    """Requests in flight per pod the HPA holds: measured by a perf run of this deployment, or a full batch."""
+    if run_dir is None:
+        return float(deployment.point.max_batch_size)
+    from ..capacity import hpa_target, read_curve
+
+    curve = read_curve(run_dir)
+    measured = (curve.build or {}).get("point", deployment.point.name)  # a remote run records no build
+    if measured != deployment.point.name:
+        raise UsageError(
+            f"--from-perf {run_dir} measured the deployment {measured}, not {deployment.point.name}",
+            hint=f"pass a `trtdeploy perf` run of {deployment.path}",
+        )
+    return hpa_target(curve).in_flight
 
 
 def _resource_name(given: str | None, deployment: Deployment) -> str:

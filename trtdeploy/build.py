@@ -24,7 +24,7 @@ from .deployment import Deployment
 from .download import Checkpoint, download, fetch_config, local_checkpoint
 from .engines.base import BuildStep, Engine
 from .errors import BuildError, TrtDeployError, UsageError
-from .fsutil import atomic_dir, cache_dir, scratch_beside
+from .fsutil import atomic_dir, cache_dir, scratch_beside, swap_into_place
 from .manifest import COMPLETE, SCHEMA, reusable_manifest, write_manifest
 from .memory import WEIGHT_BYTES, MemoryEstimate, ModelShape, estimate
 from .repo import TemplateSource, render_repository, template_models
@@ -449,7 +449,8 @@ def execute(built: Plan, *, force: bool = False, on_step: Callable[[str], None] 
         if isinstance(exc, BuildError):
             exc.hint = exc.hint or f"logs are in {failed / 'logs'}"
         raise
-    _swap_into_place(scratch, final)
+    swap_into_place(scratch, final)
+    shutil.rmtree(final.with_name(final.name + ".failed"), ignore_errors=True)
     return BuildResult(Deployment.load(final), up_to_date=False)
 
 
@@ -634,15 +635,3 @@ def _tail(path: Path, lines: int = 20) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
-
-
-def _swap_into_place(scratch: Path, final: Path) -> None:
-    """Replace the old deployment (if any) by the new one; the old one is removed only after the rename."""
-    old = None
-    if final.exists():
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
-        final.rename(old)
-    scratch.rename(final)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    shutil.rmtree(final.with_name(final.name + ".failed"), ignore_errors=True)

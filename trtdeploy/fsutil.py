@@ -57,6 +57,17 @@ def atomic_dir(final: Path, populate: Callable[[Path], None], *, error: type[Trt
     return final
 
 
+def swap_into_place(scratch: Path, final: Path) -> None:
+    """Replace the folder ``final`` (if any) by ``scratch``; the old one is removed only after the rename."""
+    old = None
+    if final.exists():
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        final.rename(old)
+    scratch.rename(final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary sibling: a reader (or a crash) never sees half a file. Its
     mode follows the umask, as a file ``open`` creates (``mkstemp`` alone makes it private to its owner)."""

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..deployment import Deployment
 from ..errors import UsageError
-from ..fsutil import scratch_beside
+from ..fsutil import scratch_beside, swap_into_place
 from ..repo import template_environment
 from ._context import CONTAINER, ExportOptions, K8sContext, make_context
 
@@ -97,18 +96,8 @@ def export_k8s(
     try:
         for name, text in texts.items():
             (scratch / name).write_text(text)
-        _swap_into_place(scratch, output_dir)
+        swap_into_place(scratch, output_dir)
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
     return Export(output_dir, resource_files(ctx), sorted(texts), ctx)
-
-
-def _swap_into_place(scratch: Path, final: Path) -> None:
-    old = None
-    if final.exists():
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
-        final.rename(old)
-    scratch.rename(final)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

@@ -365,3 +365,16 @@ def test_a_miswired_ensemble_fails_the_build_with_the_names(qwen_checkpoint, tmp
     assert f"Error: {message}" in error.replace("\n", " ")
     assert f"Hint: fix {templates / 'ensemble' / 'config.pbtxt.j2'}" in error.replace("\n", "")
     assert not (tmp_path / "qwen_llm" / "torch-fp32-bs8-tp1pp1-streaming").exists()
+
+
+def test_a_build_runs_no_more_gpu_workers_than_the_machine_has(monkeypatch):
+    """Engines for two nodes (``--gpu H100:16``) built on one of 8 GPUs: 8 workers, not 16 on devices it lacks."""
+    from trtdeploy import gpus
+
+    h100 = gpus.resolve("H100")
+    monkeypatch.setattr(gpus, "detect", lambda: replace(h100, count=8))
+    assert build._build_gpus(gpus.resolve("H100:16"), dry_run=False) == 8
+    assert build._build_gpus(gpus.resolve("H100:4"), dry_run=False) == 4
+    assert build._build_gpus(gpus.resolve("H100:16"), dry_run=True) == 16  # a plan for any machine
+    monkeypatch.setattr(gpus, "detect", lambda: replace(gpus.resolve("L4"), count=8))
+    assert build._build_gpus(gpus.resolve("H100:16"), dry_run=False) == 16  # other GPUs here: as named

@@ -220,7 +220,7 @@ def plan(request: BuildRequest, *, dry_run: bool = False) -> Plan:
         llm_streams=spec.llm_streams,
         encoder_decoder=spec.encoder_decoder,
         gpu_profile=profile,
-        gpu_count=selection.count,
+        gpu_count=_build_gpus(selection, dry_run),
     )
     _validate(spec, engine, context)  # a dry run before the download checks what it knows: config.json is not here
     return _assemble(spec, engine, context, source, request.revision)
@@ -285,6 +285,17 @@ def _check_gpus(point: BuildPoint, selection: gpus.GpuSelection, dry_run: bool) 
             f"{_gpu_layout(point)} needs {point.gpus_needed} GPUs and {count} {profile.name} are available",
             hint=f"lower --tp/--pp/--replicas, or name the count with --gpu {profile.name}:{point.gpus_needed}",
         )
+
+
+def _build_gpus(selection: gpus.GpuSelection, dry_run: bool) -> int | None:
+    """The GPUs the build itself may use: those named, but no more than this machine has of them (engines for
+    nodes beyond this one, planned with ``--gpu H100:16``, are built here with as many workers as it has GPUs)."""
+    if dry_run or selection.profile is None:
+        return selection.count
+    detected = gpus.detect()
+    if detected is None or detected.profile != selection.profile or not detected.count:
+        return selection.count
+    return min(selection.count or detected.count, detected.count)
 
 
 def _gpu_layout(point: BuildPoint) -> str:

@@ -8,6 +8,8 @@ import json
 import os
 import re
 import shlex
+import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from trtdeploy.capacity import recommend_hpa
 from trtdeploy.deployment import LOAD_TIMES_KEPT, Deployment
 from trtdeploy.engines.trtllm.versions import TRITON_IMAGES
 from trtdeploy.k8s import ExportOptions, build_argv, export_k8s, make_context, shell_word
-from trtdeploy.k8s._export import EXTRA_FILES
+from trtdeploy.k8s._export import BUILD_STAGE, EXTRA_FILES
 
 from ..capacity.runs import write_llm_run
 from ..conftest import run_cli
@@ -68,23 +70,36 @@ def _resources(folder: Path) -> list[str]:
     return yaml.safe_load((folder / "kustomization.yaml").read_text())["resources"]
 
 
+def _validate(doc: dict[str, Any]) -> None:
+    crd = CRDS.get((doc["apiVersion"], doc["kind"]))
+    if crd is None:  # raises SchemaNotFoundError for a kind it does not know, instead of passing it
+        kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+        return
+    jsonschema.validate(doc, json.loads((HERE / "crds" / crd).read_text()))
+    if doc["kind"] == "LeaderWorkerSet":  # its published schema takes unknown fields: the pods' specs, strictly
+        for role in ("leaderTemplate", "workerTemplate"):
+            template = doc["spec"]["leaderWorkerTemplate"][role]
+            pod_template = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": role}, "template": template}
+            kubernetes_validate.validate(pod_template, KUBERNETES, strict=True)
+
+
 @pytest.mark.parametrize("label", DEPLOYMENTS)
 def test_every_manifest_validates_and_kustomize_applies_exactly_what_was_written(
     deployment: Callable[..., Deployment], tmp_path: Path, label: str
 ) -> None:
     written = export_k8s(deployment(label), OPTIONS, tmp_path / "k8s")
-    files = sorted(p.name for p in written.output_dir.iterdir())
+    files = sorted(str(p.relative_to(written.output_dir)) for p in written.output_dir.rglob("*") if p.is_file())
     assert files == written.files
     resources = _resources(written.output_dir)
-    assert sorted(resources) == sorted(set(files) - {"kustomization.yaml", *EXTRA_FILES}) == sorted(written.resources)
+    top = {name for name in files if "/" not in name}
+    assert sorted(resources) == sorted(top - {"kustomization.yaml", *EXTRA_FILES}) == sorted(written.resources)
+    stage = written.output_dir / BUILD_STAGE
+    staged = _resources(stage)  # the build, applied and waited for first
+    assert sorted(staged) == sorted(p.name for p in stage.iterdir() if p.name != "kustomization.yaml")
     kinds = []
-    for name, doc in _documents(written.output_dir, resources):
+    for name, doc in [*_documents(written.output_dir, resources), *_documents(stage, staged)]:
         kinds.append(doc["kind"])
-        crd = CRDS.get((doc["apiVersion"], doc["kind"]))
-        if crd is not None:
-            jsonschema.validate(doc, json.loads((HERE / "crds" / crd).read_text()))
-        else:  # raises SchemaNotFoundError for a kind it does not know, instead of passing it
-            kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+        _validate(doc)
         assert doc["metadata"]["namespace"] == "llm", name
     workload = "LeaderWorkerSet" if label == "trtllm-tp8pp2" else "Deployment"
     assert {workload, "Job", "PersistentVolumeClaim", "Service", "PodDisruptionBudget"} <= set(kinds)
@@ -102,35 +117,48 @@ def test_the_exports_match_their_golden_files(deployment: Callable[..., Deployme
     if os.environ.get("TRTDEPLOY_UPDATE_GOLDEN"):
         if under_ci():
             pytest.fail("TRTDEPLOY_UPDATE_GOLDEN=1 rewrites golden files: refused under CI (CI is set)")
-        golden.mkdir(parents=True, exist_ok=True)
-        for stale in golden.iterdir():
-            stale.unlink()
+        shutil.rmtree(golden, ignore_errors=True)
         for name in written.files:
+            (golden / name).parent.mkdir(parents=True, exist_ok=True)
             (golden / name).write_text((written.output_dir / name).read_text())
         pytest.skip(f"rewrote {golden}")
-    assert sorted(p.name for p in golden.iterdir()) == written.files
+    assert sorted(str(p.relative_to(golden)) for p in golden.rglob("*") if p.is_file()) == written.files
     for name in written.files:
         assert (written.output_dir / name).read_text() == (golden / name).read_text(), name
 
 
+#: The digest of the build's image and command in its Job's name and folder: it changes with every build option.
+_DIGEST = re.compile(r"(/deployments/|-build-)[0-9a-f]{8}\b")
+
+
 def _leaves(node: Any, path: tuple = ()) -> dict[tuple, Any]:
-    """Every scalar of a parsed document by its path (list items by index, the args of a command by index too)."""
+    """Every scalar of a parsed document by its path (list items by index), the build's digest left out."""
     if isinstance(node, dict):
         return {k: v for key, value in node.items() for k, v in _leaves(value, (*path, key)).items()}
     if isinstance(node, list):
         return {k: v for index, value in enumerate(node) for k, v in _leaves(value, (*path, index)).items()}
-    return {path: node}
+    return {path: _DIGEST.sub(r"\1<digest>", node) if isinstance(node, str) else node}
 
 
 def _changes(before: Path, after: Path) -> dict[tuple, tuple[Any, Any]]:
-    """(file, *path) -> (before, after) for every scalar of the resources that differs."""
+    """(file, *path) -> (before, after) for every scalar of the resources (both stages) that differs."""
     found = {}
-    for name in _resources(before):
+    names = [*_resources(before), *(f"{BUILD_STAGE}/{name}" for name in _resources(before / BUILD_STAGE))]
+    for name in names:
         old, new = (_leaves(yaml.safe_load((folder / name).read_text())) for folder in (before, after))
         for path in old.keys() | new.keys():
             if old.get(path) != new.get(path):
                 found[(name, *path)] = (old.get(path), new.get(path))
     return found
+
+
+def _build_line(folder: Path) -> str:
+    job = yaml.safe_load((folder / BUILD_STAGE / "build-job.yaml").read_text())
+    return job["spec"]["template"]["spec"]["containers"][0]["args"][0]
+
+
+def _job_name(folder: Path) -> str:
+    return yaml.safe_load((folder / BUILD_STAGE / "build-job.yaml").read_text())["metadata"]["name"]
 
 
 def test_a_change_of_gpu_release_or_tp_shows_up_where_it_must(
@@ -140,26 +168,30 @@ def test_a_change_of_gpu_release_or_tp_shows_up_where_it_must(
     base = export_k8s(deployment(), options, tmp_path / "base").output_dir
     affinity = ("spec", "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
     selector = (*affinity, "nodeSelectorTerms", 0, "matchExpressions", 0, "values", 0)
+    job = f"{BUILD_STAGE}/build-job.yaml"
+    command = (job, "spec", "template", "spec", "containers", 0, "args", 0)
 
     other_gpu = export_k8s(deployment(gpu="A100-80GB:4"), options, tmp_path / "gpu").output_dir
-    assert _changes(base, other_gpu) == {
+    changes = _changes(base, other_gpu)
+    assert changes.pop(command) == (
+        _DIGEST.sub(r"\1<digest>", _build_line(base)),
+        _DIGEST.sub(r"\1<digest>", _build_line(base)).replace("--gpu=H100:4", "--gpu=A100-80GB:4"),
+    )
+    assert changes == {
         ("deployment.yaml", "spec", "template", *selector): ("NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB"),
         ("deployment.yaml", "spec", "template", *selector[:-1], 1): ("NVIDIA-H100-PCIe", "NVIDIA-A100-80GB-PCIe"),
-        ("build-job.yaml", "spec", "template", *selector): ("NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB"),
-        ("build-job.yaml", "spec", "template", *selector[:-1], 1): ("NVIDIA-H100-PCIe", "NVIDIA-A100-80GB-PCIe"),
-        ("build-job.yaml", "spec", "template", "spec", "containers", 0, "args", 3): (
-            "--gpu=H100:4",
-            "--gpu=A100-80GB:4",
-        ),  # noqa: E501
+        (job, "spec", "template", *selector): ("NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB"),
+        (job, "spec", "template", *selector[:-1], 1): ("NVIDIA-H100-PCIe", "NVIDIA-A100-80GB-PCIe"),
     }
+    assert _job_name(base) != _job_name(other_gpu)  # another build, in a folder of its own: never the old one served
 
     older = export_k8s(deployment(engine_version="0.19.0"), options, tmp_path / "release").output_dir
     changes = _changes(base, older)
     images = {path: change for path, change in changes.items() if path[-1] == "image"}
     assert set(images.values()) == {("trtdeploy:0.1.0-trtllm1.2.1-qwen-llm", "trtdeploy:0.1.0-trtllm0.19.0-qwen-llm")}
     assert len(images) == 3  # the serving container, the wait for the build, the build
-    assert set(changes) - set(images) == {("build-job.yaml", "spec", "template", "spec", "containers", 0, "args", 13)}
-    assert "--trtllm-version=0.19.0" in (older / "build-job.yaml").read_text()
+    assert set(changes) - set(images) == {command}
+    assert "--trtllm-version=0.19.0" in _build_line(older)
     assert "--build-arg TRITON_TAG=25.05 --build-arg TRTLLM_VERSION=0.19.0" in (older / "README.md").read_text()
 
     tp2 = export_k8s(deployment(tp=2, gpu="H100:2"), options, tmp_path / "tp").output_dir
@@ -171,7 +203,8 @@ def test_a_change_of_gpu_release_or_tp_shows_up_where_it_must(
     ranks = [_server_command(script).count(":") for script in scripts]
     assert ranks == [3, 1]  # mpirun's rank separators: 4 ranks, then 2
     # the rest: the deployment's folder (its name says tp2) and the build's --tp/--gpu
-    assert all("tp2pp1" in str(new) or new in ("--tp=2", "--gpu=H100:2") for _, new in changes.values() if new != 2)
+    assert all("tp2pp1" in str(new) for path, (_, new) in changes.items() if new != 2 and path != command)
+    assert "--tp=2" in _build_line(tp2) and "--gpu=H100:2" in _build_line(tp2)
 
 
 def _server_command(script: str) -> list[str]:
@@ -213,6 +246,14 @@ def test_a_local_checkpoint_needs_a_volume_holding_it(deployment: Callable[..., 
     job = ctx.storage.job
     assert job is not None and "--model-dir=/data/qwen" in job.argv
     assert (job.checkpoint_claim, job.checkpoint_subpath, job.checkpoint_path) == ("weights", "qwen", "/data/qwen")
+    # the serving pods read the tokenizer (and the torch engine the weights) where the build found them
+    written = export_k8s(Deployment.load(dep.path), ExportOptions(checkpoint_claim="weights:qwen"), tmp_path / "k8s")
+    pod = yaml.safe_load((written.output_dir / "deployment.yaml").read_text())["spec"]["template"]["spec"]
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "checkpoint"]
+    assert (mount["mountPath"], mount["subPath"], mount["readOnly"]) == ("/data/qwen", "qwen", True)
+    assert {"name": "checkpoint", "persistentVolumeClaim": {"claimName": "weights", "readOnly": True}} in pod["volumes"]
+    hub = run_cli("export", "k8s", str(deployment("torch-l4").path), "--checkpoint-claim", "weights")
+    assert hub.returncode == 2 and "built from the Hub" in hub.stderr
 
 
 def test_the_startup_probe_covers_the_measured_load_time(deployment: Callable[..., Deployment]) -> None:
@@ -257,12 +298,18 @@ def test_export_writes_json_and_replaces_a_folder_only_with_force(
     first = run_cli("export", "k8s", str(dep.path), "--output-dir", str(out), "--json")
     assert first.returncode == 0, first.stderr
     report = json.loads(first.stdout)
-    assert report["kind"] == "Deployment" and report["files"] == sorted(p.name for p in out.iterdir())
+    on_disk = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert report["kind"] == "Deployment" and report["files"] == on_disk
     again = run_cli("export", "k8s", str(dep.path), "--output-dir", str(out), "--replicas", "3")
     assert again.returncode == 2 and "is not empty" in again.stderr and "--force" in again.stderr
     forced = run_cli("export", "k8s", str(dep.path), "--output-dir", str(out), "--replicas", "3", "--force")
     assert forced.returncode == 0, forced.stderr
-    assert yaml.safe_load((out / "deployment.yaml").read_text())["spec"]["replicas"] == 3
+    assert yaml.safe_load((out / "hpa.yaml").read_text())["spec"]["minReplicas"] == 3
+    elsewhere = tmp_path / "mine"
+    (elsewhere / "notes").mkdir(parents=True)
+    refused = run_cli("export", "k8s", str(dep.path), "--output-dir", str(elsewhere), "--force")
+    assert refused.returncode == 2 and "not an earlier export" in refused.stderr
+    assert (elsewhere / "notes").is_dir()  # a folder of something else is never replaced
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no scratch folder left
 
 
@@ -276,6 +323,11 @@ def test_export_writes_json_and_replaces_a_folder_only_with_force(
         (["--storage", "volume", "--claim", "models"], {}, 2, "mounts the claim at /models"),
         (["--name", "Bad_Name"], {}, 2, "is not a Kubernetes resource name"),
         (["--storage", "s3"], {}, 2, "--storage 's3' is not one of build, volume"),
+        (["--gateway", "a/b/c"], {}, 2, "'a/b' is not a namespace name"),
+        (["--storage-size", "lots"], {}, 2, "--storage-size 'lots' is not a Kubernetes quantity"),
+        (["--hf-token-secret", "Bad Secret"], {}, 2, "--hf-token-secret 'Bad Secret' is not a Kubernetes object"),
+        (["--gpu-product", "has space"], {}, 2, "--gpu-product 'has space' is not a label value"),
+        (["--access-mode", "ReadWriteOnce"], {}, 2, "--access-mode ReadWriteOnce: the build Job and every"),
         ([], {"gpu": "RTX-A6000"}, 2, "whose nvidia.com/gpu.product node label is not known"),
         ([], {"status": "failed"}, 4, "is not a complete build"),
     ],
@@ -316,13 +368,38 @@ def test_from_perf_sets_the_hpa_target_a_run_of_the_deployment_recommends(
 ) -> None:
     dep = deployment("torch-l4")
     latencies = {1: [100.0] * 40, 2: [120.0] * 40, 4: [200.0] * 40}
-    run = write_llm_run(tmp_path / "run", latencies, build={"point": dep.point.name}, slo="e2e_ms_p99<=1000")
+    run = write_llm_run(
+        tmp_path / "run", latencies, build={"model": "qwen_llm", "point": dep.point.name}, slo="e2e_ms_p99<=1000"
+    )
     written = export_k8s(dep, ExportOptions(from_perf=run), tmp_path / "out")
     (hpa,) = (document for _, document in _documents(written.output_dir, ["hpa.yaml"]))
     target = hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"]
     assert target == f"{round(recommend_hpa(run).in_flight * 1000)}m"
     assert target != f"{dep.point.max_batch_size}"  # not the default: a full batch
-    other = write_llm_run(tmp_path / "other", latencies, build={"point": "torch-fp16-bs8"}, slo="e2e_ms_p99<=1000")
+    other = write_llm_run(
+        tmp_path / "other", latencies, build={"model": "qwen_llm", "point": "torch-fp16-bs8"}, slo="e2e_ms_p99<=1000"
+    )
     result = run_cli("export", "k8s", str(dep.path), "--from-perf", str(other), "--output-dir", str(tmp_path / "x"))
-    assert result.returncode == 2 and "measured the deployment torch-fp16-bs8" in result.stderr
+    assert result.returncode == 2 and "measured qwen_llm torch-fp16-bs8" in result.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_a_build_that_fails_before_it_can_say_so_is_marked_failed_for_the_waiting_pods(
+    deployment: Callable[..., Deployment], tmp_path: Path
+) -> None:
+    """The Job's command and the pods' wait, run by sh with a `trtdeploy` that dies at once (as a failed download,
+    a refused plan or a kill leave nothing behind)."""
+    ctx = make_context(deployment("torch-l4"), ExportOptions(mount_path=str(tmp_path / "models")))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "trtdeploy").write_text("#!/bin/sh\nexit 3\n")
+    (bin_dir / "trtdeploy").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    built = subprocess.run(["sh", "-c", ctx.storage.job.command_line], env=env, check=False)
+    assert built.returncode == 3  # the Job fails as the build did
+    assert json.loads(Path(ctx.storage.deployment_dir + ".failed/manifest.json").read_text()) == {"status": "failed"}
+    written = export_k8s(deployment("torch-l4"), ExportOptions(mount_path=str(tmp_path / "models")), tmp_path / "out")
+    pod = yaml.safe_load((written.output_dir / "deployment.yaml").read_text())["spec"]["template"]["spec"]
+    (wait,) = pod["initContainers"]
+    waited = subprocess.run(["sh", "-c", wait["args"][0]], env=env, capture_output=True, text=True, timeout=60)
+    assert waited.returncode == 1 and "the build failed" in waited.stderr

@@ -112,4 +112,6 @@ def k8s(
     out.print(f"[green]✓[/] {where}: a {written.context.kind} and {len(written.resources) - 1} more resources")
     for file in written.files:
         out.print(f"  {escape(file)}")
-    err.print(f"Next: build the image (README.md there), then `kubectl apply -k {escape(str(written.output_dir))}`.")
+    staged = written.context.storage.job is not None
+    steps = "apply build/, wait for its Job, then apply the folder" if staged else "`kubectl apply -k`"
+    err.print(f"Next: build the image, then {steps} (README.md there says how).")

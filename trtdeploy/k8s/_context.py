@@ -6,13 +6,14 @@ import hashlib
 import math
 import re
 import shlex
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from .. import __version__, gpus
 from ..deployment import Deployment
-from ..errors import UsageError
+from ..errors import TrtDeployWarning, UsageError
 from ..server import DEFAULT_PORTS, RESTRICTABLE_APIS, TritonBinary
 from ..server._process import server_command
 from ..server._serve import rank_layout
@@ -111,7 +112,14 @@ class Probes:
 
 @dataclass(frozen=True)
 class BuildJob:
+    """The Job that builds the deployment into the claim. Its name and output folder carry a digest of its image
+    and command, so that an export of other options or another image builds anew, beside the earlier build, rather
+    than serving it (a Job's template cannot change in place either)."""
+
+    name: str
     argv: tuple[str, ...]
+    #: ``trtdeploy build ...`` as one shell line, which marks the build failed where build itself could not.
+    command_line: str
     hf_token_secret: str | None
     #: The local checkpoint's claim, subpath and where it is mounted (the path it was built from), if any.
     checkpoint_claim: str | None = None
@@ -158,7 +166,6 @@ class K8sContext:
     base_image: str
     base_image_exact: bool
     image_build_args: dict[str, str]
-    replicas: int
     placement: Placement
     #: The serving container's shell script (a LeaderWorkerSet leader's: mpirun across its group).
     server_script: str
@@ -180,7 +187,6 @@ class K8sContext:
     gpu: str
     trtdeploy_version: str
     plugin: str | None
-    files: list[str] = field(default_factory=list)
 
     @property
     def kind(self) -> str:
@@ -197,6 +203,7 @@ def make_context(deployment: Deployment, options: ExportOptions) -> K8sContext:
     max_replicas = options.max_replicas if options.max_replicas is not None else 4 * options.replicas
     if max_replicas < options.replicas:
         raise UsageError(f"--max-replicas {max_replicas} is below --replicas {options.replicas}")
+    _check_names(options)
     name = _resource_name(options.name, deployment)
     if not _NAME.fullmatch(options.namespace) or len(options.namespace) > 63:
         raise UsageError(
@@ -205,7 +212,7 @@ def make_context(deployment: Deployment, options: ExportOptions) -> K8sContext:
     placement = _placement(deployment, options)
     layout = rank_layout(deployment, placement.gpus_per_pod)
     image, base_image, exact, build_args, plugin = _image(deployment, options.image)
-    storage = _storage(deployment, options, name, placement)
+    storage = _storage(deployment, options, name, placement, image)
     labels = {
         "app.kubernetes.io/name": name,
         "app.kubernetes.io/component": "server",
@@ -241,7 +248,6 @@ def make_context(deployment: Deployment, options: ExportOptions) -> K8sContext:
         base_image=base_image,
         base_image_exact=exact,
         image_build_args=build_args,
-        replicas=options.replicas,
         placement=placement,
         server_script=_server_script(command, placement),
         rsh_agent=_RSH_AGENT if placement.multi_node else "",
@@ -271,6 +277,37 @@ def make_context(deployment: Deployment, options: ExportOptions) -> K8sContext:
     )
 
 
+#: What Kubernetes takes for object names (DNS-1123 subdomains), quantities and label values.
+_OBJECT_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+_QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?([KMGTPE]i|[kMGTPE])?")
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+
+
+def _check_names(options: ExportOptions) -> None:
+    """Refuse names, sizes and labels that Kubernetes would refuse at `kubectl apply`, here, by their option."""
+    gateway_namespace, _, gateway = (options.gateway or "").rpartition("/")
+    names = {
+        "--claim": options.claim,
+        "--hf-token-secret": options.hf_token_secret,
+        "--checkpoint-claim": (options.checkpoint_claim or "").partition(":")[0] or None,
+        "--gateway": gateway or None,
+    }
+    for flag, value in names.items():
+        if value is not None and not _OBJECT_NAME.fullmatch(value):
+            raise UsageError(
+                f"{flag} {value!r} is not a Kubernetes object name", hint="lower-case letters, digits, '-' and '.'"
+            )
+    if gateway_namespace and not _NAME.fullmatch(gateway_namespace):
+        raise UsageError(f"--gateway {options.gateway!r}: {gateway_namespace!r} is not a namespace name")
+    if not _QUANTITY.fullmatch(options.storage_size):
+        raise UsageError(f"--storage-size {options.storage_size!r} is not a Kubernetes quantity", hint="e.g. 200Gi")
+    for product in options.gpu_products:
+        if not _LABEL_VALUE.fullmatch(product):
+            raise UsageError(
+                f"--gpu-product {product!r} is not a label value", hint="GFD's labels read like NVIDIA-H100-80GB-HBM3"
+            )
+
+
 def _hpa_target(deployment: Deployment, run_dir: Path | None) -> float:
     """Requests in flight per pod the HPA holds: measured by a perf run of this deployment, or a full batch."""
     if run_dir is None:
@@ -278,12 +315,20 @@ def _hpa_target(deployment: Deployment, run_dir: Path | None) -> float:
     from ..capacity import hpa_target, read_curve
 
     curve = read_curve(run_dir)
-    measured = (curve.build or {}).get("point", deployment.point.name)  # a remote run records no build
-    if measured != deployment.point.name:
-        raise UsageError(
-            f"--from-perf {run_dir} measured the deployment {measured}, not {deployment.point.name}",
-            hint=f"pass a `trtdeploy perf` run of {deployment.path}",
+    point = deployment.point
+    if curve.build is None:
+        warnings.warn(
+            f"--from-perf {run_dir} records no deployment (a run of a remote server): taken as one of {point.name}",
+            TrtDeployWarning,
+            stacklevel=2,
         )
+    else:
+        measured = (curve.build.get("model"), curve.build.get("point"))
+        if measured != (point.model, point.name):
+            raise UsageError(
+                f"--from-perf {run_dir} measured {measured[0]} {measured[1]}, not {point.model} {point.name}",
+                hint=f"pass a `trtdeploy perf` run of {deployment.path}",
+            )
     return hpa_target(curve).in_flight
 
 
@@ -370,7 +415,9 @@ def _image(deployment: Deployment, given: str | None) -> tuple[str, str, bool, d
     return given or default, base, exact, args, plugin
 
 
-def _storage(deployment: Deployment, options: ExportOptions, name: str, placement: Placement) -> ModelStorage:
+def _storage(
+    deployment: Deployment, options: ExportOptions, name: str, placement: Placement, image: str
+) -> ModelStorage:
     if options.storage not in STORAGES:
         raise UsageError(f"--storage {options.storage!r} is not one of {', '.join(STORAGES)}")
     if options.access_mode not in ACCESS_MODES:
@@ -386,14 +433,37 @@ def _storage(deployment: Deployment, options: ExportOptions, name: str, placemen
                 hint="pass --claim NAME, or use --storage build",
             )
         return _volume_storage(deployment, options, mount)
+    if options.access_mode != "ReadWriteMany":
+        raise UsageError(
+            f"--access-mode {options.access_mode}: the build Job and every serving pod mount the claim, from nodes "
+            "of their own",
+            hint="use --access-mode ReadWriteMany, or make a claim yourself and pass --storage volume --claim NAME",
+        )
     claim = options.claim or f"{name}-models"
-    deployment_dir = mount / "deployments" / point.model / point.name.removesuffix(f"-{point.variant}")
     checkpoint_claim, _, checkpoint_subpath = (options.checkpoint_claim or "").partition(":")
     source = deployment.manifest.get("source") or {}
     checkpoint_path = source.get("path") if checkpoint_claim else None
-    argv = build_argv(deployment, output_dir=str(mount / "deployments"), checkpoint_dir=checkpoint_path)
+    if checkpoint_claim and not checkpoint_path:
+        raise UsageError(
+            f"--checkpoint-claim {options.checkpoint_claim}: {point.name} was built from the Hub, not a local folder",
+            hint="leave --checkpoint-claim out: the build Job downloads the checkpoint",
+        )
+    digest = hashlib.sha256(
+        "\n".join([image, *build_argv(deployment, output_dir="", checkpoint_dir=checkpoint_path)]).encode()
+    ).hexdigest()[:8]
+    output = mount / "deployments" / digest
+    argv = build_argv(deployment, output_dir=str(output), checkpoint_dir=checkpoint_path)
+    deployment_dir = output / point.model / point.name.removesuffix(f"-{point.variant}")
+    failed = f"{deployment_dir}.failed"
+    command_line = (
+        f"{shlex.join(['trtdeploy', *argv])} || {{ status=$?; if [ ! -f {shell_word(failed + '/manifest.json')} ]; "
+        f'then mkdir -p {shell_word(failed)} && echo \'{{"status": "failed"}}\' > '
+        f"{shell_word(failed + '/manifest.json')}; fi; exit $status; }}"
+    )
     job = BuildJob(
+        name=f"{name}-build-{digest}",
         argv=tuple(argv),
+        command_line=command_line,
         hf_token_secret=options.hf_token_secret,
         checkpoint_claim=checkpoint_claim or None,
         checkpoint_subpath=checkpoint_subpath,

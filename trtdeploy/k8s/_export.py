@@ -11,7 +11,7 @@ from ..deployment import Deployment
 from ..errors import UsageError
 from ..fsutil import scratch_beside, swap_into_place
 from ..repo import template_environment
-from ._context import CONTAINER, ExportOptions, K8sContext, make_context
+from ._context import CONTAINER, ExportOptions, K8sContext, make_context, shell_word
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -21,22 +21,32 @@ class Export:
     """What ``export k8s`` wrote."""
 
     output_dir: Path
-    #: The resources, in the order kustomization.yaml applies them.
+    #: The serving resources, in the order kustomization.yaml applies them.
     resources: list[str]
     #: Every file written (resources, kustomization.yaml, the adapter's values, the README), sorted.
     files: list[str]
     context: K8sContext
 
 
+#: The folder of the build stage: its own kustomization, applied (and waited for) before the serving resources.
+BUILD_STAGE = "build"
+#: The first line of every kustomization.yaml written: ``--force`` replaces only a folder whose kustomization has it.
+MARKER = "# Written by trtdeploy export k8s."
+
+
+def build_stage_files(ctx: K8sContext) -> list[str]:
+    """The build stage's resource files (none when the deployment comes on a volume). A stage of its own: serving
+    pods waiting for the build hold their GPUs, and a Job applied with them could find none free."""
+    if ctx.storage.job is None:
+        return []
+    return ["pvc.yaml", "build-job.yaml"] if ctx.storage.create_claim else ["build-job.yaml"]
+
+
 def resource_files(ctx: K8sContext) -> list[str]:
-    """The resource files a deployment gets, in the order they are applied."""
+    """The serving resource files a deployment gets, in the order they are applied."""
     files = []
     if ctx.placement.multi_node:
         files += ["serviceaccount.yaml", "role.yaml", "rolebinding.yaml", "configmap.yaml"]
-    if ctx.storage.create_claim:
-        files.append("pvc.yaml")
-    if ctx.storage.job:
-        files.append("build-job.yaml")
     files += [
         "leaderworkerset.yaml" if ctx.placement.multi_node else "deployment.yaml",
         "service.yaml",
@@ -59,12 +69,26 @@ def render(ctx: K8sContext) -> dict[str, str]:
     env = template_environment(TEMPLATES)
     env.filters["q"] = json.dumps  # a YAML string (JSON's are YAML's), whatever it holds
     env.filters["quantity"] = _quantity
-    resources = resource_files(ctx)
-    names = [*resources, "kustomization.yaml", *EXTRA_FILES]
-    variables = {"ctx": ctx, "ctx_container": CONTAINER, "resources": resources}
-    texts = {name: env.get_template(f"{name}.j2").render(**variables) for name in names}
+    env.filters["sh"] = shell_word
+    resources, stage = resource_files(ctx), build_stage_files(ctx)
+    variables = {"ctx": ctx, "ctx_container": CONTAINER, "resources": resources, "build_stage": stage}
+    texts = {name: env.get_template(f"{name}.j2").render(**variables) for name in [*resources, *EXTRA_FILES]}
+    texts["kustomization.yaml"] = env.get_template("kustomization.yaml.j2").render(**variables)
+    if stage:
+        for name in stage:
+            texts[f"{BUILD_STAGE}/{name}"] = env.get_template(f"{name}.j2").render(**variables)
+        texts[f"{BUILD_STAGE}/kustomization.yaml"] = env.get_template("kustomization.yaml.j2").render(
+            **{**variables, "resources": stage}
+        )
     # the templates' macros leave blank lines between blocks; YAML needs none (its scripts have none either)
     return {name: _without_blank_lines(text) if name.endswith(".yaml") else text for name, text in texts.items()}
+
+
+def _is_export(folder: Path) -> bool:
+    try:
+        return (folder / "kustomization.yaml").read_text().startswith(MARKER)
+    except OSError:
+        return False
 
 
 def _without_blank_lines(text: str) -> str:
@@ -85,16 +109,23 @@ def export_k8s(
     output_dir = (output_dir or Path("k8s") / ctx.name).expanduser().absolute()
     if output_dir.exists() and not output_dir.is_dir():
         raise UsageError(f"--output-dir {output_dir} is a file", hint="pass a folder")
-    if output_dir.is_dir() and any(output_dir.iterdir()) and not force:
-        raise UsageError(
-            f"--output-dir {output_dir} is not empty", hint="pass --force to replace it, or another --output-dir"
-        )
+    if output_dir.is_dir() and any(output_dir.iterdir()):
+        if not force:
+            raise UsageError(
+                f"--output-dir {output_dir} is not empty", hint="pass --force to replace it, or another --output-dir"
+            )
+        if not _is_export(output_dir):
+            raise UsageError(
+                f"--output-dir {output_dir} is not an earlier export: --force replaces only those",
+                hint="pass an empty or new --output-dir",
+            )
     texts = render(ctx)
     scratch = scratch_beside(
         output_dir, prefix=f".{output_dir.name}.export-", error=UsageError, hint="pass a writable --output-dir"
     )
     try:
         for name, text in texts.items():
+            (scratch / name).parent.mkdir(exist_ok=True)
             (scratch / name).write_text(text)
         swap_into_place(scratch, output_dir)
     except BaseException:

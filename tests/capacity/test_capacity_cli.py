@@ -68,6 +68,7 @@ def test_the_table_names_the_replicas_gpus_and_balancers(run, capsys):
     assert "capacity for 30 req/s under e2e_ms_p99<=1000 (20% headroom)" in stdout
     assert "round-robin" in stdout and "least-requests" in stdout
     assert "HPA target" in stdout
+    assert "pods: 1 per replica of 2 GPUs" in " ".join(stdout.split())  # 8 GPUs a node by default
 
 
 def test_a_stricter_slo_runs_each_replica_at_a_lower_level(run, capsys):
@@ -114,6 +115,28 @@ def test_a_sweep_is_planned_per_point_and_the_fewest_gpus_chosen(tmp_path, capsy
         (["--perf", "{run}", "--target-rate", "0"], ExitCode.USAGE, "Error: --target-rate must be > 0 requests/s"),
         (["--perf", "{run}", "--target-rate", "5", "--headroom", "1"], ExitCode.USAGE, "Error: --headroom must be"),
         (
+            ["--perf", "{run}", "--target-rate", "inf"],
+            ExitCode.USAGE,
+            "Error: --target-rate must be > 0 requests/s, got inf",
+        ),
+        (
+            ["--perf", "{run}", "--target-rate", "nan"],
+            ExitCode.USAGE,
+            "Error: --target-rate must be > 0 requests/s, got nan",
+        ),
+        (
+            ["--perf", "{run}", "--target-rate", "5", "--duration", "inf"],
+            ExitCode.USAGE,
+            "Error: --duration must be > 0",
+        ),
+        (["--perf", "{run}", "--target-rate", "5", "--duration", "0"], ExitCode.USAGE, "Error: --duration must be > 0"),
+        (
+            ["--perf", "{run}", "--target-rate", "1e6"],
+            ExitCode.USAGE,
+            "Error: 1e+06 req/s for 3600 s is 3,600,000,000 requests to simulate, more than the 10,000,000 one "
+            "simulation holds Hint: a shorter --duration (at most 10 s at this rate) or a lower --target-rate",
+        ),
+        (
             ["--perf", "{run}", "--target-rate", "5", "--slo", "e2e_ms_p99<=50"],
             ExitCode.USAGE,
             "Error: qwen_llm trtllm H100: the SLO (e2e_ms_p99<=50) cannot be met by one replica at any measured load "
@@ -133,6 +156,7 @@ def test_bad_input_is_one_line_with_a_hint(run, tmp_path, capsys, args, code, me
     exit_code, stdout, stderr = capacity(capsys, *(arg.format(**names) for arg in args))
     assert (exit_code, stdout) == (code, "")
     assert message.format(**names) in stderr
+    assert "Traceback" not in stderr
     assert "Hint:" in stderr
 
 

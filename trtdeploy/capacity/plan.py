@@ -21,6 +21,8 @@ from .simulate import Load, Outcome, latencies, nearest_rank, percentiles, simul
 DEFAULT_HEADROOM = 0.2
 #: The planner gives up when this many times the replicas that the throughput alone needs still miss the SLO.
 _MAX_FACTOR = 16
+#: The most requests one simulation may hold (rate × duration): about 2 GB of memory behind least-requests.
+MAX_SIMULATED_REQUESTS = 10_000_000
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,20 @@ def check_headroom(headroom: float) -> None:
         raise UsageError(
             f"--headroom must be >= 0 and < 1 (the share of a replica kept spare), got {headroom:g}",
             hint="e.g. --headroom 0.2",
+        )
+
+
+def check_load(load: Load) -> None:
+    """UsageError for a duration that is not finite and > 0, or a load of more than MAX_SIMULATED_REQUESTS."""
+    if not 0 < load.duration_s < math.inf:
+        raise UsageError(f"--duration must be > 0 seconds, got {load.duration_s:g}", hint="e.g. --duration 3600")
+    requests = load.rate * load.duration_s
+    if requests > MAX_SIMULATED_REQUESTS:
+        raise UsageError(
+            f"{load.rate:g} req/s for {load.duration_s:g} s is {requests:,.0f} requests to simulate, more than the "
+            f"{MAX_SIMULATED_REQUESTS:,} one simulation holds",
+            hint=f"a shorter --duration (at most {MAX_SIMULATED_REQUESTS / load.rate:,.0f} s at this rate) or a lower "
+            "--target-rate",
         )
 
 
@@ -193,8 +209,10 @@ def plan(
     The search simulates from the throughput's count up, doubling the step until the SLO is met, then halving back
     to the fewest that meet it (more replicas never make a balancer's queues longer). ``load`` sets the simulated
     load's shape and length (its rate is ``target_rate``)."""
-    if not target_rate > 0:
+    if not 0 < target_rate < math.inf:
         raise UsageError(f"--target-rate must be > 0 requests/s, got {target_rate:g}", hint="e.g. --target-rate 50")
+    load = replace(load or Load(target_rate), rate=target_rate)
+    check_load(load)
     if gpus_per_node < 1:
         raise UsageError(f"--gpus-per-node must be >= 1, got {gpus_per_node}", hint="e.g. --gpus-per-node 8")
     gpus = gpus_per_replica or curve.gpus
@@ -210,7 +228,6 @@ def plan(
             hint=f"SLO keys it has values for: {', '.join(curve.samples)}",
         )
     hpa = hpa_target(curve, headroom=headroom)
-    load = replace(load or Load(target_rate), rate=target_rate)
     first = max(1, math.ceil(target_rate / hpa.rate))
     results: dict[int, tuple[Simulated, ...]] = {}
 

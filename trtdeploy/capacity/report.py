@@ -81,6 +81,8 @@ def capacity_table(result: SweepPlan) -> Table:
         f"a replica serves up to {first.slots} requests at once (measured level {first.level}: "
         f"{format_number(first.replica_throughput)} req/s)",
         f"HPA target: {format_number(first.hpa.in_flight)} requests in flight per replica",
+        f"pods: {first.pods_per_replica} per replica of {first.gpus_per_replica} GPUs "
+        "(ceil(GPUs per replica / GPUs per node): one per node it spans)",
     ]
     if len(result.plans) > 1:
         notes.append("bold: the fewest GPUs")

@@ -49,7 +49,10 @@ def capacity(
             "mode). Every one must meet the SLO. Default: round-robin and least-requests."
         ),
     ] = None,
-    duration: Annotated[float, typer.Option(min=1, help="Seconds of simulated load.")] = 3600.0,
+    duration: Annotated[
+        float,
+        typer.Option(help="Seconds of simulated load (rate × duration at most 10 million requests per simulation)."),
+    ] = 3600.0,
     arrival: Annotated[
         Literal["poisson", "gamma", "constant"],
         typer.Option(help="How simulated requests are spaced, as perf's open loop (see --burstiness)."),
@@ -62,7 +65,12 @@ def capacity(
         int | None,
         typer.Option(min=1, help="GPUs of one replica (default: those of the build the run records)."),
     ] = None,
-    gpus_per_node: Annotated[int, typer.Option(min=1, help="GPUs of one node: a replica's pods.")] = 8,
+    gpus_per_node: Annotated[
+        int,
+        typer.Option(
+            min=1, help="GPUs of one node: a replica takes ceil(its GPUs / this) pods, one per node it spans."
+        ),
+    ] = 8,
     output_dir: Annotated[
         Path | None, typer.Option(help="Also write capacity.json and capacity.csv (one row per point and balancer).")
     ] = None,

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
 from trtdeploy.capacity import Load, hpa_target, plan
 from trtdeploy.capacity import simulate as simulate_module
+from trtdeploy.capacity.plan import held_against
 from trtdeploy.capacity.simulate import latencies, simulate, twin_table
 
 from .runs import busier_is_slower_curve, exponential_curve, mmc_mean_in_system, mmc_response_quantile
+
+plan_module = sys.modules["trtdeploy.capacity.plan"]  # the package's ``plan`` is the function
 
 
 @pytest.mark.parametrize("balancing", ["round-robin", "least-requests", "random"])
@@ -102,3 +107,43 @@ def test_a_planned_fleet_holds_less_in_flight_than_its_hpa_target(headroom):
         assert simulated.in_flight <= found.hpa.in_flight * 1.03, simulated.balancing  # random: Poisson, as the target
         if simulated.balancing != "random":
             assert simulated.hpa_headroom > 0, simulated.balancing
+
+
+@pytest.mark.parametrize("vectorised", [False, True])
+@pytest.mark.parametrize("slo", ["e2e_ms_p99<=3500", "ttft_ms_p90<=160,e2e_ms_p50<=2000", "e2e_ms<=3500"])
+def test_a_simulation_stops_early_only_when_the_whole_load_misses_the_slo(monkeypatch, vectorised, slo):
+    """Around the fewest replicas that meet it, a simulation told the SLO never stops where the whole load meets it
+    (and then is the whole load's), and does stop where it misses by more than a little."""
+    monkeypatch.setattr(simulate_module, "_REQUESTS_PER_LOOK", 256)
+    monkeypatch.setattr(simulate_module, "_STEPS_PER_LOOK", 4)
+    if vectorised:
+        monkeypatch.setattr(simulate_module, "_VECTORISED_FROM", 1)
+    curve = busier_is_slower_curve(slo)
+    load = Load(6 * curve.best.throughput, duration_s=1500, seed=8)
+    seen = set()
+    for replicas in (5, 6, 7, 8, 10):
+        for balancing in ("round-robin", "least-requests", "random"):
+            whole = simulate(curve, replicas, load, balancing)
+            met = held_against(curve.slo, latencies(curve, whole))[2]
+            stopped = simulate(curve, replicas, load, balancing, stop_past=curve.slo)
+            if met:
+                assert stopped is not None, (replicas, balancing)
+                np.testing.assert_array_equal(stopped.wait_s, whole.wait_s)
+            seen.add("met" if met else "missed, stopped" if stopped is None else "missed, ran on")
+    assert {"met", "missed, stopped"} <= seen
+
+
+def test_scouting_on_a_shorter_load_leaves_the_plan_unchanged(monkeypatch):
+    curve = busier_is_slower_curve("e2e_ms_p99<=3500")
+    rate = 6 * curve.best.throughput
+    options = {"balancing": ("round-robin", "least-requests"), "headroom": 0, "load": Load(rate, duration_s=1500)}
+    monkeypatch.setattr(plan_module, "_SCOUT_REQUESTS", 10**9)
+    whole = plan(curve, rate, **options)
+    monkeypatch.setattr(plan_module, "_SCOUT_REQUESTS", 2000)
+    scouted = plan(curve, rate, **options)
+    assert whole.tried[0] == (6, False)  # the throughput's count misses: the search ran
+    assert whole.scouted == () and scouted.scouted
+    assert scouted.replicas == whole.replicas
+    assert scouted.simulated == whole.simulated
+    both = dict(whole.tried).keys() & dict(scouted.tried).keys()
+    assert {n: dict(whole.tried)[n] for n in both} == {n: dict(scouted.tried)[n] for n in both}

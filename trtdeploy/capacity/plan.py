@@ -21,6 +21,12 @@ from .simulate import Load, Outcome, latencies, nearest_rank, percentiles, simul
 DEFAULT_HEADROOM = 0.2
 #: The planner gives up when this many times the replicas that the throughput alone needs still miss the SLO.
 _MAX_FACTOR = 16
+#: The replica search scouts on a load this many requests long (when the planned load is longer), then confirms its
+#: answer on the whole load.
+_SCOUT_REQUESTS = 250_000
+#: The balancers in the order a replica count is tried behind them: the likeliest to miss the SLO first (least-requests
+#: is never worse than round-robin, round-robin than random), so a count that misses is mostly told by one.
+_LIKELIEST_TO_MISS = ("random", "round-robin", "least-requests")
 #: The most requests one simulation may hold (rate × duration): about 2 GB of memory behind least-requests.
 MAX_SIMULATED_REQUESTS = 10_000_000
 
@@ -133,9 +139,14 @@ def held_against(slo: Slo, values: Mapping[str, np.ndarray]) -> tuple[float | No
     return attainment, found, attained and held
 
 
-def simulate_fleet(curve: ReplicaCurve, replicas: int, load: Load, balancing: str, hpa: HpaTarget) -> Simulated:
-    """``replicas`` replicas of ``curve`` behind ``balancing`` under ``load``, summarised."""
-    outcome = simulate(curve, replicas, load, balancing)
+def simulate_fleet(
+    curve: ReplicaCurve, replicas: int, load: Load, balancing: str, hpa: HpaTarget, *, stop_when_missed: bool = False
+) -> Simulated | None:
+    """``replicas`` replicas of ``curve`` behind ``balancing`` under ``load``, summarised; None when
+    ``stop_when_missed`` and the simulation stopped as soon as the SLO was missed for sure."""
+    outcome = simulate(curve, replicas, load, balancing, stop_past=curve.slo if stop_when_missed else None)
+    if outcome is None:
+        return None
     values = latencies(curve, outcome)
     attainment, found, met = held_against(curve.slo, values)
     wait_ms = outcome.wait_s * 1e3
@@ -175,8 +186,11 @@ class Plan:
     pods_per_replica: int
     hpa: HpaTarget
     simulated: tuple[Simulated, ...]
-    #: Each replica count simulated, and whether every balancer met the SLO with it.
+    #: Each replica count simulated on the whole load, and whether every balancer met the SLO with it.
     tried: tuple[tuple[int, bool], ...]
+    #: Each replica count simulated on the search's shorter scouting load (none when the load is no longer), and
+    #: whether every balancer met the SLO with it there.
+    scouted: tuple[tuple[int, bool], ...] = ()
 
     @property
     def gpus(self) -> int:
@@ -190,6 +204,7 @@ class Plan:
         data = asdict(self)
         data["hpa"] = self.hpa.to_dict()
         data["tried"] = [{"replicas": n, "slo_met": met} for n, met in self.tried]
+        data["scouted"] = [{"replicas": n, "slo_met": met} for n, met in self.scouted]
         return {**data, "gpus": self.gpus, "pods": self.pods}
 
 
@@ -207,8 +222,13 @@ def plan(
     simulated fleet meets the curve's SLO behind every balancer of ``balancing``.
 
     The search simulates from the throughput's count up, doubling the step until the SLO is met, then halving back
-    to the fewest that meet it (more replicas never make a balancer's queues longer). ``load`` sets the simulated
-    load's shape and length (its rate is ``target_rate``)."""
+    to the fewest that meet it (more replicas never make a balancer's queues longer). A load longer than
+    ``_SCOUT_REQUESTS`` requests is searched on its first ``_SCOUT_REQUESTS`` first; the count found there is then
+    simulated on the whole load with the count below it, and the search goes on from them on the whole load when
+    either disagrees. A count is tried behind one balancer after another and stops at the first that misses the
+    SLO, each simulation as soon as it misses it for sure. The answer is the fewest replicas whose whole load meets
+    the SLO behind every balancer, as a search on the whole load alone finds. ``load`` sets the simulated load's
+    shape and length (its rate is ``target_rate``)."""
     if not 0 < target_rate < math.inf:
         raise UsageError(f"--target-rate must be > 0 requests/s, got {target_rate:g}", hint="e.g. --target-rate 50")
     load = replace(load or Load(target_rate), rate=target_rate)
@@ -229,27 +249,52 @@ def plan(
         )
     hpa = hpa_target(curve, headroom=headroom)
     first = max(1, math.ceil(target_rate / hpa.rate))
-    results: dict[int, tuple[Simulated, ...]] = {}
+    most = _MAX_FACTOR * first
+    order = sorted(balancing, key=_LIKELIEST_TO_MISS.index)
+    verdicts: dict[tuple[Load, int], bool] = {}
+    kept: dict[int, tuple[Simulated, ...]] = {}  # counts whose whole load met the SLO: their fleets
 
-    def meets(replicas: int) -> bool:
-        if replicas not in results:
-            results[replicas] = tuple(simulate_fleet(curve, replicas, load, name, hpa) for name in balancing)
-        return all(result.slo_met for result in results[replicas])
+    def meets(replicas: int, trial: Load) -> bool:
+        if (trial, replicas) not in verdicts:
+            fleet: dict[str, Simulated] = {}
+            for name in order:
+                simulated = simulate_fleet(curve, replicas, trial, name, hpa, stop_when_missed=True)
+                if simulated is None or not simulated.slo_met:
+                    break
+                fleet[name] = simulated
+            verdicts[trial, replicas] = met = len(fleet) == len(order)
+            if met and trial == load:
+                kept[replicas] = tuple(fleet[name] for name in balancing)
+        return verdicts[trial, replicas]
 
-    low, step = first - 1, 1  # low: the most replicas known to miss the SLO (first - 1: too few for the rate)
-    high = first
-    while not meets(high):
-        if high >= _MAX_FACTOR * first:
-            raise UsageError(
-                f"{curve.label}: even {high} replicas miss the SLO ({curve.slo.describe()}) in simulation at "
-                f"{target_rate:g} req/s",
-                hint="a replica meets it only when it is nearly idle: relax --slo, or measure lower loads",
-            )
-        low, step = high, step * 2
-        high = min(high + step, _MAX_FACTOR * first)
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (low, middle) if meets(middle) else (middle, high)
+    def fewest(trial: Load, low: int, high: int) -> int | None:
+        """The fewest replicas meeting the SLO on ``trial``, ``low`` known to miss it, tried from ``high`` up
+        (None: even ``most`` miss)."""
+        step = 1
+        while not meets(high, trial):
+            if high >= most:
+                return None
+            low, step = high, step * 2
+            high = min(high + step, most)
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (low, middle) if meets(middle, trial) else (middle, high)
+        return high
+
+    scout = replace(load, duration_s=_SCOUT_REQUESTS / target_rate)
+    guess = first if scout.duration_s >= load.duration_s else fewest(scout, first - 1, first) or most
+    # first - 1 replicas are too few for the rate: they miss
+    if guess > first and meets(guess - 1, load):
+        found = fewest(load, first - 1, guess - 1)
+    else:
+        found = fewest(load, guess - 1, guess)
+    if found is None:
+        raise UsageError(
+            f"{curve.label}: even {most} replicas miss the SLO ({curve.slo.describe()}) in simulation at "
+            f"{target_rate:g} req/s",
+            hint="a replica meets it only when it is nearly idle: relax --slo, or measure lower loads",
+        )
+    by_count = sorted(verdicts.items(), key=lambda each: each[0][1])
     return Plan(
         label=curve.label,
         target_rate=target_rate,
@@ -259,12 +304,13 @@ def plan(
         slots=curve.slots,
         replica_throughput=curve.best.throughput,
         replicas_for_throughput=first,
-        replicas=high,
+        replicas=found,
         gpus_per_replica=gpus,
         pods_per_replica=math.ceil(gpus / gpus_per_node),
         hpa=hpa,
-        simulated=results[high],
-        tried=tuple((n, all(r.slo_met for r in results[n])) for n in sorted(results)),
+        simulated=kept[found],
+        tried=tuple((n, met) for (trial, n), met in by_count if trial == load),
+        scouted=tuple((n, met) for (trial, n), met in by_count if trial != load),
     )
 
 

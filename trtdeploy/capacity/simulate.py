@@ -16,6 +16,10 @@ replica with the fewest requests in flight (in service or waiting).
 Least-requests needs every request in turn, in one loop over a heap of departures. Round-robin and random route
 in advance, so their replicas are independent: many replicas are stepped all at once in numpy, a replica's j-th
 request at step j.
+
+A simulation given an SLO stops as soon as the SLO is missed for sure: a request's wait is known when it starts,
+so whether it misses each limit is too, and once more of the load's requests miss a limit than its percentile (or
+the attainment) allows, the rest cannot save it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..perf.loadgen import arrival_gaps
+from ..perf.slo import Slo
 from .curves import ReplicaCurve
 
 BALANCING = ("round-robin", "least-requests", "random")
@@ -41,6 +46,12 @@ _TABLE_SIZE = 4096
 _VECTORISED_FROM = 16
 #: Departure times on the least-requests heap are whole microseconds (for ordering only).
 _TICKS_PER_S = 1_000_000
+#: A request counts as missing a limit early only when its wait passes the longest it may take by this much (s), so
+#: that rounding never stops a simulation that the whole load's latencies would let meet the SLO.
+_MISS_MARGIN_S = 1e-6
+#: Steps of replicas routed in advance between two looks at the misses, and requests taken in turn.
+_STEPS_PER_LOOK = 64
+_REQUESTS_PER_LOOK = 16_384
 
 
 @dataclass(frozen=True)
@@ -72,6 +83,54 @@ class Outcome:
     replica: np.ndarray
 
 
+@dataclass(frozen=True)
+class MissBudget:
+    """When a simulation may stop: per group of limits (each percentile limit; the per-request limits together),
+    the longest wait (s) with which a request of each measured twin still meets them, and how many requests of the
+    load may miss them with the SLO still met."""
+
+    longest_wait_s: np.ndarray
+    misses_allowed: np.ndarray
+
+    def missed(self, twins: np.ndarray, waits_s: np.ndarray) -> np.ndarray:
+        """Per group, how many of these requests miss it."""
+        return (waits_s[None, :] > self.longest_wait_s[:, twins]).sum(axis=1)
+
+
+def miss_budget(curve: ReplicaCurve, slo: Slo, requests: int) -> MissBudget:
+    """The :class:`MissBudget` of ``slo`` for a load of ``requests`` requests, held as
+    :func:`~trtdeploy.capacity.plan.held_against` holds the whole load: a percentile limit fails once more requests
+    miss it than those above its nearest rank, the attainment once the requests meeting every per-request limit can
+    no longer reach it. A twin without the metric misses whatever its wait."""
+    groups = [((limit,), requests - _rank(limit.percentile or 0, requests)) for limit in slo.percentiles]
+    if slo.per_request:
+        allowed = requests - math.ceil(slo.attainment * requests)
+        while allowed >= 0 and (requests - allowed) / requests < slo.attainment:
+            allowed -= 1
+        while allowed + 1 <= requests and (requests - allowed - 1) / requests >= slo.attainment:
+            allowed += 1
+        groups.append((slo.per_request, allowed))
+    longest = np.full((len(groups), len(curve.service_s)), np.inf)
+    for row, (limits, _) in enumerate(groups):
+        for limit in limits:
+            longest[row] = np.minimum(longest[row], _longest_wait_s(curve, limit.metric, limit.bound))
+    return MissBudget(longest + _MISS_MARGIN_S, np.array([allowed for _, allowed in groups]))
+
+
+def _longest_wait_s(curve: ReplicaCurve, metric: str, bound: float) -> np.ndarray:
+    """Per measured twin, the longest wait (s) with which its ``metric`` stays within ``bound``, as
+    :func:`latencies` adds the wait (-inf: never, +inf: always or not known)."""
+    drawn = curve.samples[metric]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if metric in FROM_SEND:
+            longest = (bound - drawn) / 1e3
+        elif metric == "rtf":
+            longest = curve.service_s * (bound / drawn - 1)
+        else:
+            longest = np.where(drawn <= bound, np.inf, -np.inf)
+    return np.where(np.isnan(drawn), -np.inf, np.where(np.isnan(longest), np.inf, longest))
+
+
 def twin_table(curve: ReplicaCurve, slots: int) -> np.ndarray:
     """``table[k]``: measured requests to draw from for a request that starts with ``k`` in service (row 0 unused).
 
@@ -96,11 +155,21 @@ def twin_table(curve: ReplicaCurve, slots: int) -> np.ndarray:
     return table
 
 
-def simulate(curve: ReplicaCurve, replicas: int, load: Load, balancing: str, slots: int | None = None) -> Outcome:
+def simulate(
+    curve: ReplicaCurve,
+    replicas: int,
+    load: Load,
+    balancing: str,
+    slots: int | None = None,
+    *,
+    stop_past: Slo | None = None,
+) -> Outcome | None:
     """Every request of ``load`` through ``replicas`` replicas of ``curve`` behind ``balancing``, each serving up to
-    ``slots`` requests at once (default: the curve's :attr:`~ReplicaCurve.slots`)."""
+    ``slots`` requests at once (default: the curve's :attr:`~ReplicaCurve.slots`). None when ``stop_past`` is given
+    and the simulation stopped because the load misses it for sure."""
     slots = slots or curve.slots
     arrivals = load.arrivals()
+    budget = miss_budget(curve, stop_past, len(arrivals)) if stop_past is not None and len(arrivals) else None
     rng = np.random.default_rng((load.seed, replicas, BALANCING.index(balancing)))
     draws = rng.integers(0, _TABLE_SIZE, len(arrivals))
     table = twin_table(curve, slots)
@@ -111,8 +180,8 @@ def simulate(curve: ReplicaCurve, replicas: int, load: Load, balancing: str, slo
     else:
         route = rng.integers(0, replicas, len(arrivals))
     if route is None or replicas < _VECTORISED_FROM:
-        return _in_turn(arrivals, route, draws, table, curve.service_s, replicas, slots)
-    return _fixed_routes(arrivals, route, draws, table, curve.service_s, replicas, slots)
+        return _in_turn(arrivals, route, draws, table, curve.service_s, replicas, slots, budget)
+    return _fixed_routes(arrivals, route, draws, table, curve.service_s, replicas, slots, budget)
 
 
 def _fixed_routes(
@@ -123,8 +192,10 @@ def _fixed_routes(
     service_s: np.ndarray,
     replicas: int,
     slots: int,
-) -> Outcome:
-    """Requests routed in advance (``replica``): every replica's queue stepped at once, its j-th request at step j."""
+    budget: MissBudget | None,
+) -> Outcome | None:
+    """Requests routed in advance (``replica``): every replica's queue stepped at once, its j-th request at step j;
+    None once ``budget`` is spent."""
     order = np.argsort(replica, kind="stable")
     counts = np.bincount(replica, minlength=replicas)
     firsts = np.concatenate(([0], np.cumsum(counts)[:-1]))
@@ -138,6 +209,7 @@ def _fixed_routes(
     rows = np.arange(replicas)
     starts = np.empty((replicas, steps))
     twins = np.empty((replicas, steps), dtype=np.int64)
+    misses = 0
     for step in range(steps):
         arrive = due[:, step]
         slot = free_at.argmin(axis=1)
@@ -146,6 +218,12 @@ def _fixed_routes(
         twin = table[in_service, drawn[:, step]]
         free_at[rows, slot] = np.where(np.isfinite(arrive), start + service_s[twin], free_at[rows, slot])
         starts[:, step], twins[:, step] = start, twin
+        if budget is not None and (step % _STEPS_PER_LOOK == _STEPS_PER_LOOK - 1 or step == steps - 1):
+            looked = slice(step - step % _STEPS_PER_LOOK, step + 1)
+            sent = np.isfinite(due[:, looked])
+            misses = misses + budget.missed(twins[:, looked][sent], starts[:, looked][sent] - due[:, looked][sent])
+            if (misses > budget.misses_allowed).any():
+                return None
     start_of = np.empty(len(order))
     twin_of = np.empty(len(order), dtype=np.int64)
     start_of[order] = starts[replica[order], column]
@@ -161,10 +239,11 @@ def _in_turn(
     service_s: np.ndarray,
     replicas: int,
     slots: int,
-) -> Outcome:
-    """Each request in turn, to its replica in ``route`` or (None) to the one with the fewest in flight. Replicas
-    are kept in buckets by their count in flight (the one longest in its bucket first); departures on one heap of
-    integer keys (tick × replicas + replica), popped as arrivals pass them."""
+    budget: MissBudget | None,
+) -> Outcome | None:
+    """Each request in turn, to its replica in ``route`` or (None) to the one with the fewest in flight; None once
+    ``budget`` is spent. Replicas are kept in buckets by their count in flight (the one longest in its bucket first);
+    departures on one heap of integer keys (tick × replicas + replica), popped as arrivals pass them."""
     count = len(arrivals)
     times = arrivals.tolist()
     ticks = (np.floor(arrivals * _TICKS_PER_S).astype(np.int64) * replicas + replicas - 1).tolist()
@@ -181,7 +260,14 @@ def _in_turn(
     twins = [0] * count
     chosen = [0] * count
     pop, push, replace = heapq.heappop, heapq.heappush, heapq.heapreplace
+    misses = 0
     for i in range(count):
+        if budget is not None and i % _REQUESTS_PER_LOOK == 0 and i:
+            misses = misses + budget.missed(
+                np.asarray(twins[i - _REQUESTS_PER_LOOK : i]), np.asarray(waits[i - _REQUESTS_PER_LOOK : i])
+            )
+            if (misses > budget.misses_allowed).any():
+                return None
         tick = ticks[i]
         while departures and departures[0] <= tick:
             r = pop(departures) % replicas
@@ -244,7 +330,12 @@ def percentiles(values: Mapping[str, np.ndarray]) -> dict[str, dict[str, float |
 def nearest_rank(column: np.ndarray, percentile: float) -> float | None:
     """The value ``percentile`` % of the requests do not exceed, a request without one counting as above any bound
     (nearest rank, as perf reads an SLO's percentile limits); None when those requests reach that rank."""
-    rank = max(1, -(-round(percentile * 1000) * len(column) // 100_000))
+    rank = _rank(percentile, len(column))
     ordered = np.sort(np.where(np.isnan(column), np.inf, column))
     value = float(ordered[rank - 1]) if rank <= len(ordered) else math.inf
     return None if math.isinf(value) else value
+
+
+def _rank(percentile: float, requests: int) -> int:
+    """The nearest rank of ``percentile`` among ``requests`` values (whole thousandths of a percent, as perf)."""
+    return max(1, -(-round(percentile * 1000) * requests // 100_000))

@@ -223,12 +223,12 @@ def plan(
 
     The search simulates from the throughput's count up, doubling the step until the SLO is met, then halving back
     to the fewest that meet it (more replicas never make a balancer's queues longer). A load longer than
-    ``_SCOUT_REQUESTS`` requests is searched on its first ``_SCOUT_REQUESTS`` first; the count found there is then
-    simulated on the whole load with the count below it, and the search goes on from them on the whole load when
-    either disagrees. A count is tried behind one balancer after another and stops at the first that misses the
-    SLO, each simulation as soon as it misses it for sure. The answer is the fewest replicas whose whole load meets
-    the SLO behind every balancer, as a search on the whole load alone finds. ``load`` sets the simulated load's
-    shape and length (its rate is ``target_rate``)."""
+    ``_SCOUT_REQUESTS`` requests is searched first on a load of ``_SCOUT_REQUESTS`` (same rate and shape); the count
+    found there is then simulated on the whole load with the count below it, and the search goes on from them on the
+    whole load when either disagrees. A count is tried behind one balancer after another and stops at the first that
+    misses the SLO, each simulation as soon as it misses it for sure. The answer is the fewest replicas whose whole
+    load meets the SLO behind every balancer, as a search on the whole load alone finds. ``load`` sets the simulated
+    load's shape and length (its rate is ``target_rate``)."""
     if not 0 < target_rate < math.inf:
         raise UsageError(f"--target-rate must be > 0 requests/s, got {target_rate:g}", hint="e.g. --target-rate 50")
     load = replace(load or Load(target_rate), rate=target_rate)

@@ -113,5 +113,5 @@ def k8s(
     for file in written.files:
         out.print(f"  {escape(file)}")
     staged = written.context.storage.job is not None
-    steps = "apply build/, wait for its Job, then apply the folder" if staged else "`kubectl apply -k`"
+    steps = "apply build-stage/, wait for its Job, then apply the folder" if staged else "`kubectl apply -k`"
     err.print(f"Next: build the image, then {steps} (README.md there says how).")

@@ -28,8 +28,9 @@ class Export:
     context: K8sContext
 
 
-#: The folder of the build stage: its own kustomization, applied (and waited for) before the serving resources.
-BUILD_STAGE = "build"
+#: The folder of the build stage: its own kustomization, applied (and waited for) before the serving resources
+#: (not ``build/``, which the usual .gitignore of a repository holding the manifests would leave out).
+BUILD_STAGE = "build-stage"
 #: The first line of every kustomization.yaml written: ``--force`` replaces only a folder whose kustomization has it.
 MARKER = "# Written by trtdeploy export k8s."
 

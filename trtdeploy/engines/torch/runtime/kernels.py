@@ -240,6 +240,12 @@ def decode_self_attention(
     return out
 
 
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rotary embedding of ``x [..., dim]``: ``x * cos + rotate_half(x) * sin``, with rotate_half's signs in
+    the ``sin`` table (its first half negated), so that rotate_half is a plain roll by half the dimension."""
+    return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, -1), sin)
+
+
 def rope_write_kv(
     qkv: torch.Tensor,
     k_cache: torch.Tensor,
@@ -257,7 +263,7 @@ def rope_write_kv(
     if not fused(qkv, k_cache, dim=dim):
         cos, sin = (table[positions][:, None, :] for table in rope)
         qk, v = qkv[:, : heads + kv_heads], qkv[:, heads + kv_heads :]
-        qk = torch.addcmul(qk * cos, torch.roll(qk, dim // 2, -1), sin)
+        qk = rotate(qk, cos, sin)
         index = positions.view(batch, 1, 1, 1).expand(batch, kv_heads, 1, dim)
         k_cache[:batch].scatter_(2, index, qk[:, heads:].unsqueeze(2))
         v_cache[:batch].scatter_(2, index, v.unsqueeze(2))

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from .host import to_device
-from .kernels import add_rms_norm, rope_write_kv, silu_mul
+from .kernels import add_rms_norm, rope_write_kv, rotate, silu_mul
 
 log = logging.getLogger(__name__)
 
@@ -411,10 +411,10 @@ class DecoderModel(SlotModel):
 
     def _rope_qkv(self, layer: _Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Project ``h [..., hidden]`` to rotated q ``[..., H, d]``, rotated k and v ``[..., KV, d]``."""
-        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
+        heads, kv_heads = self.num_heads, self.num_kv_heads
         qkv = self._qkv(layer, h)
         qk, v = qkv[..., : heads + kv_heads, :], qkv[..., heads + kv_heads :, :]
-        qk = torch.addcmul(qk * cos, torch.roll(qk, dim // 2, -1), sin)
+        qk = rotate(qk, cos, sin)
         return qk[..., :heads, :], qk[..., heads:, :], v
 
     def _mlp(self, layer: _Layer, h: torch.Tensor) -> torch.Tensor:

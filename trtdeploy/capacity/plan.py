@@ -4,8 +4,9 @@ pods, their simulated latencies behind each balancer, and the HPA target per rep
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from ..perf.compare import default_labels, read_run, run_folders
 from ..perf.slo import Slo
 from .curves import ReplicaCurve, SloUnmet, read_curve
 from .simulate import Load, Outcome, latencies, nearest_rank, percentiles, simulate
+from .workers import Job, available_workers, run_jobs
 
 #: The share of a replica's SLO throughput kept spare, unless --headroom says otherwise.
 DEFAULT_HEADROOM = 0.2
@@ -27,6 +29,9 @@ _SCOUT_REQUESTS = 250_000
 #: The balancers in the order a replica count is tried behind them: the likeliest to miss the SLO first (least-requests
 #: is never worse than round-robin, round-robin than random), so a count that misses is mostly told by one.
 _LIKELIEST_TO_MISS = ("random", "round-robin", "least-requests")
+#: Loads of this many requests or more are simulated side by side in worker processes (fewer: forking costs more
+#: than it saves).
+_SIDE_BY_SIDE_FROM = 100_000
 #: The most requests one simulation may hold (rate × duration): about 2 GB of memory behind least-requests.
 MAX_SIMULATED_REQUESTS = 10_000_000
 
@@ -217,18 +222,22 @@ def plan(
     load: Load | None = None,
     gpus_per_replica: int | None = None,
     gpus_per_node: int = 8,
+    say: Callable[[str], None] | None = None,
 ) -> Plan:
     """The fewest replicas of ``curve``, no fewer than ``target_rate`` needs with ``headroom`` kept spare, whose
     simulated fleet meets the curve's SLO behind every balancer of ``balancing``.
 
     The search simulates from the throughput's count up, doubling the step until the SLO is met, then halving back
     to the fewest that meet it (more replicas never make a balancer's queues longer). A load longer than
-    ``_SCOUT_REQUESTS`` requests is searched first on a load of ``_SCOUT_REQUESTS`` (same rate and shape); the count
-    found there is then simulated on the whole load with the count below it, and the search goes on from them on the
-    whole load when either disagrees. A count is tried behind one balancer after another and stops at the first that
-    misses the SLO, each simulation as soon as it misses it for sure. The answer is the fewest replicas whose whole
-    load meets the SLO behind every balancer, as a search on the whole load alone finds. ``load`` sets the simulated
-    load's shape and length (its rate is ``target_rate``)."""
+    ``_SCOUT_REQUESTS`` requests is searched first on a load of ``_SCOUT_REQUESTS`` (same rate and shape), behind
+    the balancers other than least-requests where any is asked for (it never needs more replicas than round-robin);
+    the count found there is then simulated on the whole load with the count below it, and the search goes on from
+    them on the whole load when either disagrees. A count is tried behind one balancer after another and stops at the
+    first that misses the SLO, each simulation as soon as it misses it for sure; where the machine has cores to
+    spare, the balancers of a count, and the two counts confirmed on the whole load, are simulated side by side (see
+    :func:`_judge`). The answer is the fewest replicas whose whole load meets the SLO behind every balancer, as a
+    search on the whole load alone finds. ``load`` sets the simulated load's shape and length (its rate is
+    ``target_rate``); ``say`` is told each count's verdict as it comes."""
     if not 0 < target_rate < math.inf:
         raise UsageError(f"--target-rate must be > 0 requests/s, got {target_rate:g}", hint="e.g. --target-rate 50")
     load = replace(load or Load(target_rate), rate=target_rate)
@@ -250,41 +259,49 @@ def plan(
     hpa = hpa_target(curve, headroom=headroom)
     first = max(1, math.ceil(target_rate / hpa.rate))
     most = _MAX_FACTOR * first
-    order = sorted(balancing, key=_LIKELIEST_TO_MISS.index)
+    # least-requests is never worse than round-robin on identical replicas, and the only balancer simulated request
+    # by request: scouting leaves it to the whole load where another balancer is asked for
+    scouts_behind = [name for name in balancing if name != "least-requests"] or list(balancing)
     verdicts: dict[tuple[Load, int], bool] = {}
     kept: dict[int, tuple[Simulated, ...]] = {}  # counts whose whole load met the SLO: their fleets
 
-    def meets(replicas: int, trial: Load) -> bool:
-        if (trial, replicas) not in verdicts:
-            fleet: dict[str, Simulated] = {}
-            for name in order:
-                simulated = simulate_fleet(curve, replicas, trial, name, hpa, stop_when_missed=True)
-                if simulated is None or not simulated.slo_met:
-                    break
-                fleet[name] = simulated
-            verdicts[trial, replicas] = met = len(fleet) == len(order)
-            if met and trial == load:
-                kept[replicas] = tuple(fleet[name] for name in balancing)
-        return verdicts[trial, replicas]
+    def meet(counts: Sequence[int], trial: Load) -> dict[int, bool]:
+        """Whether each of ``counts`` replicas meets the SLO on ``trial``, judged side by side where cores allow."""
+        todo = [n for n in counts if (trial, n) not in verdicts]
+        if todo:
+            behind = balancing if trial == load else scouts_behind
+            if say is not None:
+                scouting = " (scouting)" if trial != load else ""
+                say(
+                    f"simulating {' and '.join(map(str, todo))} replicas over {trial.duration_s:,.0f} s of "
+                    f"load{scouting} behind {', '.join(behind)}"
+                )
+            for replicas, fleet in _judge(curve, hpa, behind, todo, trial).items():
+                verdicts[trial, replicas] = fleet is not None
+                if fleet is not None and trial == load:
+                    kept[replicas] = fleet
+                if say is not None:
+                    say(f"{replicas} replicas: SLO {'met' if fleet is not None else 'missed'}")
+        return {n: verdicts[trial, n] for n in counts}
 
     def fewest(trial: Load, low: int, high: int) -> int | None:
         """The fewest replicas meeting the SLO on ``trial``, ``low`` known to miss it, tried from ``high`` up
         (None: even ``most`` miss)."""
         step = 1
-        while not meets(high, trial):
+        while not meet([high], trial)[high]:
             if high >= most:
                 return None
             low, step = high, step * 2
             high = min(high + step, most)
         while high - low > 1:
             middle = (low + high) // 2
-            low, high = (low, middle) if meets(middle, trial) else (middle, high)
+            low, high = (low, middle) if meet([middle], trial)[middle] else (middle, high)
         return high
 
     scout = replace(load, duration_s=_SCOUT_REQUESTS / target_rate)
     guess = first if scout.duration_s >= load.duration_s else fewest(scout, first - 1, first) or most
     # first - 1 replicas are too few for the rate: they miss
-    if guess > first and meets(guess - 1, load):
+    if guess > first and meet([guess - 1, guess], load)[guess - 1]:
         found = fewest(load, first - 1, guess - 1)
     else:
         found = fewest(load, guess - 1, guess)
@@ -312,6 +329,35 @@ def plan(
         tried=tuple((n, met) for (trial, n), met in by_count if trial == load),
         scouted=tuple((n, met) for (trial, n), met in by_count if trial != load),
     )
+
+
+def _judge(
+    curve: ReplicaCurve, hpa: HpaTarget, balancing: Sequence[str], counts: Sequence[int], trial: Load
+) -> dict[int, tuple[Simulated, ...] | None]:
+    """Per replica count, its fleet behind each of ``balancing`` (in that order) when every one meets the SLO on
+    ``trial``, else None; each simulation stops once it misses for sure, and a count's other simulations once one
+    of them has.
+
+    In turn, the counts are tried from the fewest, each behind the likeliest balancer to miss first. Side by side,
+    the largest count is the likeliest to meet, so all of its simulations will be needed: they start first,
+    least-requests (the one taken request by request, the slowest) leading; then the other counts as in turn."""
+    workers = available_workers() if trial.rate * trial.duration_s >= _SIDE_BY_SIDE_FROM else 1
+    likeliest_first = sorted(balancing, key=_LIKELIEST_TO_MISS.index)
+    *others, largest = sorted(counts)
+    if workers > 1:
+        order = [(largest, name) for name in reversed(likeliest_first)]
+        order += [(n, name) for n in others for name in likeliest_first]
+    else:
+        order = [(n, name) for n in (*others, largest) for name in likeliest_first]
+    jobs = [Job(n, partial(simulate_fleet, curve, n, trial, name, hpa, stop_when_missed=True)) for n, name in order]
+    results = run_jobs(jobs, lambda simulated: simulated is not None and simulated.slo_met, workers)
+    fleets = {order[index]: simulated for index, simulated in results.items()}
+    met = {n: all(getattr(fleets.get((n, name)), "slo_met", False) for name in balancing) for n in counts}
+    return {n: tuple(fleets[n, name] for name in balancing) if met[n] else None for n in counts}
+
+
+def _labelled(say: Callable[[str], None], label: str, line: str) -> None:
+    say(f"{label}: {line}")
 
 
 @dataclass(frozen=True)
@@ -343,9 +389,11 @@ def plan_runs(paths: Sequence[Path], target_rate: float, *, slo: Slo | None = No
     labels = default_labels([read_run(folder) for folder in folders])
     plans: list[Plan] = []
     excluded: dict[str, str] = {}
+    say = options.pop("say", None)
     for folder, label in zip(folders, labels, strict=True):
+        tell = partial(_labelled, say, label) if say is not None and len(folders) > 1 else say
         try:
-            plans.append(plan(read_curve(folder, slo, label=label), target_rate, **options))
+            plans.append(plan(read_curve(folder, slo, label=label), target_rate, say=tell, **options))
         except SloUnmet as exc:
             if len(folders) == 1:
                 raise

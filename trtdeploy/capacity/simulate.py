@@ -11,7 +11,7 @@ RTF scaled alike, its ITL as measured. A request keeps the pace it started at wh
 
 Balancing: round-robin sends the i-th request to replica ``i mod n``; random to a replica drawn uniformly
 (kube-proxy's iptables mode), which gives each replica Poisson arrivals at ``rate / n``; least-requests to the
-replica with the fewest requests in flight (in service or waiting).
+replica with the fewest requests in flight (in service or waiting), of those the one that came to that count last.
 
 Least-requests needs every request in turn, in one loop over a heap of departures. Round-robin and random route
 in advance, so their replicas are independent: many replicas are stepped all at once in numpy, a replica's j-th
@@ -75,12 +75,11 @@ class Load:
 
 @dataclass(frozen=True)
 class Outcome:
-    """Each simulated request: its wait before a slot, its drawn measured twin and its replica (arrival order)."""
+    """Each simulated request: its wait before a slot and its drawn measured twin (arrival order)."""
 
     arrival_s: np.ndarray
     wait_s: np.ndarray
     twin: np.ndarray
-    replica: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -228,7 +227,7 @@ def _fixed_routes(
     twin_of = np.empty(len(order), dtype=np.int64)
     start_of[order] = starts[replica[order], column]
     twin_of[order] = twins[replica[order], column]
-    return Outcome(arrivals, start_of - arrivals, twin_of, replica)
+    return Outcome(arrivals, start_of - arrivals, twin_of)
 
 
 def _in_turn(
@@ -242,62 +241,70 @@ def _in_turn(
     budget: MissBudget | None,
 ) -> Outcome | None:
     """Each request in turn, to its replica in ``route`` or (None) to the one with the fewest in flight; None once
-    ``budget`` is spent. Replicas are kept in buckets by their count in flight (the one longest in its bucket first);
-    departures on one heap of integer keys (tick × replicas + replica), popped as arrivals pass them."""
+    ``budget`` is spent. Replicas are kept in buckets by their count in flight (of a bucket's, the one that entered
+    it last is chosen); departures on one heap of integer keys (tick × replicas + replica), popped as arrivals pass
+    them. Every line of the loop costs: this loop is most of a least-requests plan's time."""
     count = len(arrivals)
+    ticks_per_s = _TICKS_PER_S
     times = arrivals.tolist()
-    ticks = (np.floor(arrivals * _TICKS_PER_S).astype(np.int64) * replicas + replicas - 1).tolist()
-    rows = [row.tolist() for row in table]
+    ticks = (np.floor(arrivals * ticks_per_s).astype(np.int64) * replicas + replicas - 1).tolist()
+    rows = [row.tolist() for row in table]  # grows with the buckets: more in flight than slots draws as at slots
     service = service_s.tolist()
     drawn = draws.tolist()
-    routes = None if route is None else route.tolist()
+    routes = route.tolist() if route is not None else [None] * count
     free_at = [[0.0] * slots for _ in range(replicas)]  # per replica, a heap of when its slots free up
     in_flight = [0] * replicas
     buckets: list[dict[int, None]] = [dict.fromkeys(range(replicas))]  # count in flight -> replicas, in order
     fewest = 0
     departures: list[int] = []
-    waits = [0.0] * count
-    twins = [0] * count
-    chosen = [0] * count
+    waits: list[float] = []
+    twins: list[int] = []
+    add_wait, add_twin = waits.append, twins.append
     pop, push, replace = heapq.heappop, heapq.heappush, heapq.heapreplace
     misses = 0
-    for i in range(count):
-        if budget is not None and i % _REQUESTS_PER_LOOK == 0 and i:
-            misses = misses + budget.missed(
-                np.asarray(twins[i - _REQUESTS_PER_LOOK : i]), np.asarray(waits[i - _REQUESTS_PER_LOOK : i])
-            )
+    for first in range(0, count, _REQUESTS_PER_LOOK):
+        last = min(first + _REQUESTS_PER_LOOK, count)
+        if budget is not None and first:
+            looked = slice(first - _REQUESTS_PER_LOOK, first)
+            misses = misses + budget.missed(np.asarray(twins[looked]), np.asarray(waits[looked]))
             if (misses > budget.misses_allowed).any():
                 return None
-        tick = ticks[i]
-        while departures and departures[0] <= tick:
-            r = pop(departures) % replicas
-            held = in_flight[r]
-            del buckets[held][r]
-            buckets[held - 1][r] = None
-            in_flight[r] = held - 1
-            if held - 1 < fewest:
-                fewest = held - 1
-        if routes is None:
-            while not buckets[fewest]:
-                fewest += 1
-            r = next(iter(buckets[fewest]))
-        else:
-            r = routes[i]
-        held = in_flight[r]
-        del buckets[held][r]
-        if held + 1 == len(buckets):
-            buckets.append({})
-        buckets[held + 1][r] = None
-        in_flight[r] = held + 1
-        slots_of = free_at[r]
-        now = times[i]
-        start = now if now > slots_of[0] else slots_of[0]
-        twin = rows[held + 1 if held < slots else slots][drawn[i]]
-        end = start + service[twin]
-        replace(slots_of, end)
-        push(departures, int(end * _TICKS_PER_S) * replicas + r)
-        waits[i], twins[i], chosen[i] = start - now, twin, r
-    return Outcome(arrivals, np.asarray(waits), np.asarray(twins, dtype=np.int64), np.asarray(chosen))
+        chunk = slice(first, last)
+        for now, tick, draw, r in zip(times[chunk], ticks[chunk], drawn[chunk], routes[chunk], strict=True):
+            while departures and departures[0] <= tick:
+                gone = pop(departures) % replicas
+                held = in_flight[gone]
+                del buckets[held][gone]
+                held -= 1
+                buckets[held][gone] = None
+                in_flight[gone] = held
+                if held < fewest:
+                    fewest = held
+            if r is None:
+                while not buckets[fewest]:
+                    fewest += 1
+                r = buckets[fewest].popitem()[0]
+                held = fewest + 1
+            else:
+                held = in_flight[r]
+                del buckets[held][r]
+                held += 1
+            if held == len(buckets):
+                buckets.append({})
+                rows.append(rows[slots])
+            buckets[held][r] = None
+            in_flight[r] = held
+            slots_of = free_at[r]
+            start = slots_of[0]
+            if now > start:
+                start = now
+            twin = rows[held][draw]
+            end = start + service[twin]
+            replace(slots_of, end)
+            push(departures, int(end * ticks_per_s) * replicas + r)
+            add_wait(start - now)
+            add_twin(twin)
+    return Outcome(arrivals, np.asarray(waits), np.asarray(twins, dtype=np.int64))
 
 
 def latencies(curve: ReplicaCurve, outcome: Outcome) -> dict[str, np.ndarray]:
@@ -331,8 +338,9 @@ def nearest_rank(column: np.ndarray, percentile: float) -> float | None:
     """The value ``percentile`` % of the requests do not exceed, a request without one counting as above any bound
     (nearest rank, as perf reads an SLO's percentile limits); None when those requests reach that rank."""
     rank = _rank(percentile, len(column))
-    ordered = np.sort(np.where(np.isnan(column), np.inf, column))
-    value = float(ordered[rank - 1]) if rank <= len(ordered) else math.inf
+    if rank > len(column):
+        return None
+    value = float(np.partition(np.where(np.isnan(column), np.inf, column), rank - 1)[rank - 1])
     return None if math.isinf(value) else value
 
 

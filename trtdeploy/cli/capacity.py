@@ -84,6 +84,7 @@ def capacity(
     from ..errors import UsageError
     from ..perf.report import print_wide
     from ..perf.slo import Slo
+    from ._output import err
 
     if (perf is None) == (sweep is None):
         raise UsageError("pass one of --perf RUN_DIR and --sweep SWEEP_DIR", hint="e.g. --perf perf-results/<run>/")
@@ -99,6 +100,7 @@ def capacity(
         load=Load(target_rate, duration, arrival, burstiness, seed),
         gpus_per_replica=gpus_per_replica,
         gpus_per_node=gpus_per_node,
+        say=lambda line: err.print(line),
     )
     written = write_files(result, output_dir) if output_dir is not None else []
     if json:

@@ -27,9 +27,16 @@ def _value(value):
     return lambda: value
 
 
+def _started(path: Path) -> None:
+    """Wait until the job of ``path`` has written its pid."""
+    while not path.exists():
+        time.sleep(0.01)
+
+
 def _sleep_then_mark(path: Path, seconds: float):
     def run():
-        path.write_text(str(os.getpid()))
+        path.with_suffix(".tmp").write_text(str(os.getpid()))
+        path.with_suffix(".tmp").rename(path)  # whole, or not there
         time.sleep(seconds)
         path.with_suffix(".done").write_text("")
         return True
@@ -52,8 +59,7 @@ def test_the_running_jobs_of_a_failed_group_are_stopped(tmp_path):
     slow = tmp_path / "slow.pid"
 
     def fail_later():
-        while not slow.exists():
-            time.sleep(0.01)
+        _started(slow)
         return False
 
     jobs = [Job("g", _sleep_then_mark(slow, 60)), Job("g", fail_later), Job("h", _value(True))]
@@ -78,6 +84,7 @@ def test_a_worker_that_dies_is_one_line_with_a_hint(tmp_path):
     slow = tmp_path / "slow.pid"
 
     def die():
+        _started(slow)
         os.kill(os.getpid(), signal.SIGKILL)
 
     with pytest.raises(TrtDeployError, match=r"exit code -9") as raised:
@@ -87,8 +94,17 @@ def test_a_worker_that_dies_is_one_line_with_a_hint(tmp_path):
         os.kill(int(slow.read_text()), 0)  # the other worker did not outlive the failure
 
 
-def test_available_workers_are_the_usable_cores_up_to_the_cap():
-    assert 1 <= available_workers() <= min(len(os.sched_getaffinity(0)), 4)
+def test_a_failure_that_leaves_only_its_own_group_waiting_ends_the_run():
+    """Two workers, three jobs of one group: the first fails, the second is stopped, the third never starts."""
+    started = time.monotonic()
+    results = run_jobs([Job("g", _value(False)), Job("g", lambda: time.sleep(60)), Job("g", _value(True))], bool, 2)
+    assert results == {0: False}
+    assert time.monotonic() - started < 30
+
+
+def test_available_workers_are_the_usable_cores_and_memory_up_to_the_cap():
+    assert 1 <= available_workers(1) <= min(len(os.sched_getaffinity(0)), 4)
+    assert available_workers(2**60) == 1  # no memory holds two such simulations
 
 
 def test_a_plan_judged_side_by_side_is_the_plan_judged_in_turn(monkeypatch):
@@ -98,7 +114,7 @@ def test_a_plan_judged_side_by_side_is_the_plan_judged_in_turn(monkeypatch):
     monkeypatch.setattr(plan_module, "_SCOUT_REQUESTS", 2000)
     in_turn = plan(curve, rate, **options)
     monkeypatch.setattr(plan_module, "_SIDE_BY_SIDE_FROM", 0)
-    monkeypatch.setattr(plan_module, "available_workers", lambda: 3)
+    monkeypatch.setattr(plan_module, "available_workers", lambda bytes_each: 3)
     said: list[str] = []
     side_by_side = plan(curve, rate, say=said.append, **options)
     assert in_turn.tried[0] == (6, False)  # the search ran

@@ -32,6 +32,8 @@ _LIKELIEST_TO_MISS = ("random", "round-robin", "least-requests")
 #: Loads of this many requests or more are simulated side by side in worker processes (fewer: forking costs more
 #: than it saves).
 _SIDE_BY_SIDE_FROM = 100_000
+#: A simulation's memory per request at its peak (about 230 bytes measured behind least-requests).
+_BYTES_PER_REQUEST = 256
 #: The most requests one simulation may hold (rate × duration): about 2 GB of memory behind least-requests.
 MAX_SIMULATED_REQUESTS = 10_000_000
 
@@ -300,8 +302,10 @@ def plan(
 
     scout = replace(load, duration_s=_SCOUT_REQUESTS / target_rate)
     guess = first if scout.duration_s >= load.duration_s else fewest(scout, first - 1, first) or most
-    # first - 1 replicas are too few for the rate: they miss
-    if guess > first and meet([guess - 1, guess], load)[guess - 1]:
+    # first - 1 replicas are too few for the rate: they miss. The count below the guess is judged on the whole load
+    # with the guess itself where a worker is free to judge it meanwhile.
+    below = [guess - 1, guess] if _workers(load) > 1 else [guess - 1]
+    if guess > first and meet(below, load)[guess - 1]:
         found = fewest(load, first - 1, guess - 1)
     else:
         found = fewest(load, guess - 1, guess)
@@ -341,7 +345,7 @@ def _judge(
     In turn, the counts are tried from the fewest, each behind the likeliest balancer to miss first. Side by side,
     the largest count is the likeliest to meet, so all of its simulations will be needed: they start first,
     least-requests (the one taken request by request, the slowest) leading; then the other counts as in turn."""
-    workers = available_workers() if trial.rate * trial.duration_s >= _SIDE_BY_SIDE_FROM else 1
+    workers = _workers(trial)
     likeliest_first = sorted(balancing, key=_LIKELIEST_TO_MISS.index)
     *others, largest = sorted(counts)
     if workers > 1:
@@ -354,6 +358,15 @@ def _judge(
     fleets = {order[index]: simulated for index, simulated in results.items()}
     met = {n: all(getattr(fleets.get((n, name)), "slo_met", False) for name in balancing) for n in counts}
     return {n: tuple(fleets[n, name] for name in balancing) if met[n] else None for n in counts}
+
+
+def _workers(trial: Load) -> int:
+    """How many simulations of ``trial`` run at once: side by side from ``_SIDE_BY_SIDE_FROM`` requests, as the
+    cores and the memory allow."""
+    requests = trial.rate * trial.duration_s
+    if requests < _SIDE_BY_SIDE_FROM:
+        return 1
+    return available_workers(math.ceil(requests * _BYTES_PER_REQUEST))
 
 
 def _labelled(say: Callable[[str], None], label: str, line: str) -> None:

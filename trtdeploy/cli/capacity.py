@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
+from rich.markup import escape
 
 from ._options import JsonOpt
 from ._output import emit_json, out
@@ -84,6 +85,7 @@ def capacity(
     from ..errors import UsageError
     from ..perf.report import print_wide
     from ..perf.slo import Slo
+    from ..server import stop_signals_as_interrupt
     from ._output import err
 
     if (perf is None) == (sweep is None):
@@ -91,17 +93,18 @@ def capacity(
     if attainment is not None and slo is None:
         raise UsageError("--attainment is the share of requests that must meet --slo", hint="pass --slo too")
     names = [each.value for each in balancing] if balancing else ["round-robin", "least-requests"]
-    result = plan_runs(
-        [perf or sweep],  # type: ignore[list-item]
-        target_rate,
-        slo=Slo.parse(slo, attainment) if slo is not None else None,
-        balancing=tuple(dict.fromkeys(names)),
-        headroom=headroom,
-        load=Load(target_rate, duration, arrival, burstiness, seed),
-        gpus_per_replica=gpus_per_replica,
-        gpus_per_node=gpus_per_node,
-        say=lambda line: err.print(line),
-    )
+    with stop_signals_as_interrupt():  # SIGTERM stops the simulation workers as Ctrl-C does
+        result = plan_runs(
+            [perf or sweep],  # type: ignore[list-item]
+            target_rate,
+            slo=Slo.parse(slo, attainment) if slo is not None else None,
+            balancing=tuple(dict.fromkeys(names)),
+            headroom=headroom,
+            load=Load(target_rate, duration, arrival, burstiness, seed),
+            gpus_per_replica=gpus_per_replica,
+            gpus_per_node=gpus_per_node,
+            say=lambda line: err.print(escape(line)),
+        )
     written = write_files(result, output_dir) if output_dir is not None else []
     if json:
         emit_json({**result.to_dict(), "files": [str(path) for path in written]})

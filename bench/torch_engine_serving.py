@@ -6,13 +6,18 @@ exactly --osl output tokens) against the LLM contract model (``tensorrt_llm``: t
 ``ensemble`` (tokenizer and detokenizer around it). Prints TTFT p50, ITL p50 and output tokens/s per level, and ITL
 at concurrency 1 against the bandwidth bound (weight bytes / HBM bandwidth of a device-to-device copy).
 
-    python bench/torch_engine_serving.py [--concurrency 1,4,16,64] [--isl 128] [--osl 256] [--tiny]
+With ``--replicas N`` the deployment has an instance on each of N GPUs, and each level also prints each GPU's mean
+utilization while it ran (``nvidia-smi``, sampled every 100 ms).
+
+    python bench/torch_engine_serving.py [--concurrency 1,4,16,64] [--isl 128] [--osl 256] [--replicas 1] [--tiny]
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import tempfile
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -40,12 +45,30 @@ def weight_bytes(checkpoint: Path) -> int:
     return total
 
 
+@contextmanager
+def gpu_utilization(samples: list[list[float]]):
+    """Each GPU's utilization (%) every 100 ms while the block runs, appended to ``samples`` (one row per GPU)."""
+    query = ["nvidia-smi", "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits", "-lms", "100"]
+    sampler = subprocess.Popen(query, stdout=subprocess.PIPE, text=True)
+    try:
+        yield
+    finally:
+        sampler.terminate()
+        output, _ = sampler.communicate()
+        for line in output.splitlines():
+            index, value = (int(field) for field in line.split(","))
+            while len(samples) <= index:
+                samples.append([])
+            samples[index].append(value)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", default="1,4,16,64")
     parser.add_argument("--isl", type=int, default=128)
     parser.add_argument("--osl", type=int, default=256)
     parser.add_argument("--models", default="tensorrt_llm,ensemble")
+    parser.add_argument("--replicas", type=int, default=1, help="an instance on each of this many GPUs")
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model, to try the script on a CPU")
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
@@ -67,6 +90,7 @@ def main() -> None:
             max_batch_size=max(levels),
             max_input_len=args.isl,
             max_output_len=args.osl,
+            replicas=args.replicas,
         )
     ).deployment
     bound_ms = None
@@ -75,36 +99,44 @@ def main() -> None:
     rows = []
     with launch(deployment.model_repo, models=deployment.models, log_file=work / "tritonserver.log") as server:
         for model in args.models.split(","):
-            run = benchmark(
-                PerfSettings(
-                    deployment=deployment.path,
-                    url=server.grpc_url,
-                    metrics_url=server.metrics_url,
-                    model=model,
-                    load=LoadSettings(concurrency=levels),
-                    inputs=InputSpec(isl=args.isl, osl=args.osl),
-                    options=RequestOptions(ignore_eos=True),
-                    output_dir=work / "perf" / model,
-                    plots=False,
-                )
-            )
-            for level in run.summary["levels"]:
-                rows.append((model, level))
+            # one run per level when GPUs are sampled, so that each level's samples are its own
+            for group in [(c,) for c in levels] if args.replicas > 1 else [levels]:
+                samples: list[list[float]] = []
+                with gpu_utilization(samples) if args.replicas > 1 else nullcontext():
+                    run = benchmark(
+                        PerfSettings(
+                            deployment=deployment.path,
+                            url=server.grpc_url,
+                            metrics_url=server.metrics_url,
+                            model=model,
+                            load=LoadSettings(concurrency=group),
+                            inputs=InputSpec(isl=args.isl, osl=args.osl),
+                            options=RequestOptions(ignore_eos=True),
+                            output_dir=work / "perf" / model / "-".join(map(str, group)),
+                            plots=False,
+                        )
+                    )
+                busy = " / ".join(f"{sum(column) / len(column):.0f}%" for column in samples if column)
+                for level in run.summary["levels"]:
+                    rows.append((model, level, busy))
     device = torch.cuda.get_device_name() if cuda else "CPU"
-    print(f"\n{device}, {deployment.point.precision}, isl {args.isl}, osl {args.osl}; reports in {work / 'perf'}")
+    print(
+        f"\n{device}, {deployment.point.precision}, isl {args.isl}, osl {args.osl}, {args.replicas} replica(s); "
+        f"reports in {work / 'perf'}"
+    )
     print(
         f"{'model':<13} {'conc':>4} {'reqs':>5} {'err':>3} {'TTFT p50':>9} {'ITL p50':>8} {'out tok/s':>10}"
-        f" {'client CPU':>10}"
+        f" {'client CPU':>10}  GPU utilization"
     )
-    for model, level in rows:
+    for model, level, busy in rows:
         print(
             f"{model:<13} {level['concurrency']:>4} {level['requests']:>5} {level['errors']:>3}"
             f" {level['ttft_ms']['p50']:>7.2f}ms {level['itl_ms']['p50']:>6.3f}ms"
-            f" {level['output_token_throughput']:>10,.0f} {level['client_cpu_utilization']:>10.0%}"
+            f" {level['output_token_throughput']:>10,.0f} {level['client_cpu_utilization']:>10.0%}  {busy}"
         )
     if bound_ms is not None:
         print(f"bandwidth bound {bound_ms:.3f} ms/token (weights / copy bandwidth)")
-        for model, level in rows:
+        for model, level, _ in rows:
             if level["concurrency"] == 1:
                 print(f"{model}: ITL p50 at concurrency 1 = {level['itl_ms']['p50'] / bound_ms:.1f} x the bound")
 

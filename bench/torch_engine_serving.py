@@ -31,6 +31,18 @@ from trtdeploy.perf.runner import InputSpec, LoadSettings
 from trtdeploy.perf.workload import RequestOptions
 from trtdeploy.server import launch
 
+#: Qwen2.5-7B's shape: a step at high concurrency heavy enough for the GPU, not the server, to be the limit.
+QWEN25_7B = {
+    **QWEN25_05B,
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "vocab_size": 152064,
+    "tie_word_embeddings": False,
+}
+
 
 def weight_bytes(checkpoint: Path) -> int:
     """Bytes of every tensor read per decode step (all weights; a tied embedding counts once)."""
@@ -69,18 +81,27 @@ def main() -> None:
     parser.add_argument("--osl", type=int, default=256)
     parser.add_argument("--models", default="tensorrt_llm,ensemble")
     parser.add_argument("--replicas", type=int, default=1, help="an instance on each of this many GPUs")
+    parser.add_argument("--requests-per-slot", type=int, default=None, help="measured requests per level / concurrency")
+    parser.add_argument("--workers", type=int, default=1, help="perf client processes")
+    parser.add_argument("--shape", choices=("0.5b", "7b"), default="0.5b", help="Qwen2.5-0.5B's or -7B's shape")
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model, to try the script on a CPU")
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
     levels = tuple(int(c) for c in args.concurrency.split(","))
-    shape = TINY if args.tiny else QWEN25_05B
+    shape = TINY if args.tiny else QWEN25_7B if args.shape == "7b" else QWEN25_05B
     cuda = torch.cuda.is_available()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="torch-serving-"))
     checkpoint = work / "checkpoint"
     if not checkpoint.is_dir():
-        fields = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-        tiny = TinyShape(**{k: shape[k] for k in fields}, num_key_value_heads=2, vocab_size=shape["vocab_size"])
-        write_random_causal_lm(checkpoint, shape=tiny, max_position_embeddings=32768, dtype="bfloat16")
+        fields = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
+        tiny = TinyShape(**{k: shape[k] for k in fields}, vocab_size=shape["vocab_size"])
+        write_random_causal_lm(
+            checkpoint,
+            shape=tiny,
+            max_position_embeddings=32768,
+            dtype="bfloat16",
+            config={"tie_word_embeddings": shape["tie_word_embeddings"]},
+        )
     deployment = build(
         BuildRequest(
             model="qwen_llm",
@@ -109,7 +130,12 @@ def main() -> None:
                             url=server.grpc_url,
                             metrics_url=server.metrics_url,
                             model=model,
-                            load=LoadSettings(concurrency=group),
+                            load=LoadSettings(
+                                concurrency=group,
+                                num_requests=args.requests_per_slot and args.requests_per_slot * max(group),
+                                warmup=args.requests_per_slot and max(group),
+                                workers=args.workers,
+                            ),
                             inputs=InputSpec(isl=args.isl, osl=args.osl),
                             options=RequestOptions(ignore_eos=True),
                             output_dir=work / "perf" / model / "-".join(map(str, group)),

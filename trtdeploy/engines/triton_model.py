@@ -23,9 +23,6 @@ cannot). A decoupled one sends each sequence (or, streaming, each piece of it) i
 ``num_output_tokens`` come when their ``return_*`` input asks. An input an engine cannot honour
 is refused with one line naming it (:func:`~trtdeploy.engines.contract.refusal`).
 
-A model with an instance on each of several GPUs (``--replicas``) keeps their requests in flight within one of
-each other (:mod:`~trtdeploy.engines.replica_balance`): Triton alone would hand nearly all of them to the first.
-
 An encoder-decoder model (config.pbtxt parameter ``encoder_decoder`` true) takes TensorRT-LLM's encoder-decoder
 inputs instead of ``input_ids``: ``encoder_input_features`` (passed on as the numpy arrays of its declared data
 type), ``encoder_output_lengths``, ``decoder_input_ids`` and ``decoder_input_lengths``, with ``input_lengths``
@@ -35,9 +32,7 @@ counting mel frames (:func:`~trtdeploy.engines.contract.parse_request`).
 from __future__ import annotations
 
 import json
-import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -45,7 +40,6 @@ import triton_python_backend_utils as pb_utils
 
 from ..backend_utils import ModelParameters
 from .contract import GenerationRequest, ResponseSink, SequenceOutput, parse_request, response_arrays
-from .replica_balance import ReplicaBalance, shared_file
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -64,18 +58,12 @@ def _error(message: str, cancelled: bool = False) -> pb_utils.InferenceResponse:
 
 
 class _Sink:
-    """Turns a generator's calls for one request into Triton responses; ``ended`` is called once its final response
-    has gone."""
+    """Turns a generator's calls for one request into Triton responses."""
 
-    def __init__(self, sender, request: GenerationRequest, decoupled: bool, ended: Callable[[], None]):
+    def __init__(self, sender, request: GenerationRequest, decoupled: bool):
         self.sender = sender
         self.request = request
         self.decoupled = decoupled
-        self._ended = ended
-
-    def ended(self) -> None:
-        ended, self._ended = self._ended, _nothing
-        ended()
 
     def _response(self, output: SequenceOutput) -> pb_utils.InferenceResponse:
         arrays = response_arrays(self.request, output)
@@ -85,22 +73,16 @@ class _Sink:
         self.sender.send(self._response(tokens))
 
     def send_final(self, outputs: list[SequenceOutput] | None) -> None:
-        try:
-            if not self.decoupled:  # parse_request let through one prompt and one sequence only
-                (output,) = outputs
-                self.sender.send(self._response(output), flags=FINAL)
-                return
-            for output in outputs or ():
-                self.sender.send(self._response(output))
-            self.sender.send(flags=FINAL)
-        finally:
-            self.ended()
+        if not self.decoupled:  # parse_request let through one prompt and one sequence only
+            (output,) = outputs
+            self.sender.send(self._response(output), flags=FINAL)
+            return
+        for output in outputs or ():
+            self.sender.send(self._response(output))
+        self.sender.send(flags=FINAL)
 
     def send_error(self, message: str, cancelled: bool = False) -> None:
-        try:
-            self.sender.send(_error(message, cancelled), flags=FINAL)
-        finally:
-            self.ended()
+        self.sender.send(_error(message, cancelled), flags=FINAL)
 
     def is_cancelled(self) -> bool:
         return self.sender.is_cancelled()
@@ -120,7 +102,6 @@ class ContractModel(ABC):
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
         self.exclude_input = params.bool("exclude_input_in_output", True)
         self.encoder_decoder = params.bool("encoder_decoder", False)
-        self.balance = _replica_balance(args)
         self.generator = self.load(params)
 
     def execute(self, requests: list) -> None:
@@ -137,30 +118,8 @@ class ContractModel(ABC):
             except ValueError as exc:
                 sender.send(_error(str(exc)), flags=FINAL)
                 continue
-            ended = _nothing
-            if self.balance is not None:
-                self.balance.take()
-                ended = self.balance.done
-            self.generator.submit(parsed, _Sink(sender, parsed, self.decoupled, ended))
+            self.generator.submit(parsed, _Sink(sender, parsed, self.decoupled))
         return None
 
     def finalize(self) -> None:
         self.generator.close()
-        if self.balance is not None:
-            self.balance.close()
-
-
-def _nothing() -> None:
-    return None
-
-
-def _replica_balance(args: dict[str, Any]) -> ReplicaBalance | None:
-    """The shared in-flight counts of a model with an instance on each of several GPUs (its replicas), else None."""
-    if args.get("model_instance_kind") != "GPU":
-        return None
-    (group,) = json.loads(args["model_config"])["instance_group"]
-    gpus = [int(gpu) for gpu in group.get("gpus", [])]
-    if len(gpus) < 2 or int(group.get("count", 1)) != 1:
-        return None
-    slot = gpus.index(int(args["model_instance_device_id"]))
-    return ReplicaBalance(shared_file(os.getppid(), args["model_name"]), slot, len(gpus))

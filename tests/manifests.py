@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -30,7 +29,7 @@ def write_manifest(
     manifest = {
         "schema": SCHEMA,
         "status": status,
-        "point": {**dataclasses.asdict(BuildPoint(**fields)), "options": {}},
+        "point": BuildPoint(**fields).as_dict(),
         "entry_model": entry_model,
         "triton_models": models,
         "llm_model_name": "tensorrt_llm",

@@ -378,3 +378,49 @@ def test_a_build_runs_no_more_gpu_workers_than_the_machine_has(monkeypatch):
     assert build._build_gpus(gpus.resolve("H100:16"), dry_run=True) == 16  # a plan for any machine
     monkeypatch.setattr(gpus, "detect", lambda: replace(gpus.resolve("L4"), count=8))
     assert build._build_gpus(gpus.resolve("H100:16"), dry_run=False) == 16  # other GPUs here: as named
+
+
+def test_engine_settings_are_taken_by_o_beside_the_models(qwen_checkpoint, tmp_path):
+    """``-o`` keys the model does not know go to the engine; they reach the Triton model's parameters and the
+    manifest, which records only those given."""
+    plain = build.run(request(qwen_checkpoint, tmp_path)).deployment
+    assert "engine_options" not in plain.manifest["point"]
+    options = {"cuda_graphs": "false", "preprocessing_instances": "2"}
+    gpu = request(qwen_checkpoint, tmp_path, gpu="H100", options=options)
+    planned = build.plan(gpu, dry_run=True)
+    assert planned.context.point.engine_options == (("cuda_graphs", False),)
+    assert dict(planned.context.point.options)["preprocessing_instances"] == 2
+    parameters = plugins.get_engine("torch").template_context(planned.context)["parameters"]
+    assert parameters["cuda_graphs"] == "false" and "overlap_admission" not in parameters
+    overlap = build.plan(replace(gpu, options={"overlap_admission": "true"}), dry_run=True)
+    parameters = plugins.get_engine("torch").template_context(overlap.context)["parameters"]
+    assert parameters["cuda_graphs"] == "true" and parameters["overlap_admission"] == "true"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"colour": "red"}, r"unknown option 'colour' for model 'qwen_llm' or engine 'torch'"),
+        ({"cuda_graphs": "sometimes"}, "option cuda_graphs='sometimes' is not a valid bool"),
+        ({"cuda_graphs": "true"}, "work on a GPU only, and this build is for the CPU"),
+    ],
+)
+def test_bad_engine_settings_are_one_line_naming_them(qwen_checkpoint, tmp_path, options, message):
+    with pytest.raises(UsageError, match=message) as raised:
+        build.run(request(qwen_checkpoint, tmp_path, options=options))
+    if "colour" in options:
+        assert raised.value.hint == (
+            "known options: model qwen_llm: add_special_tokens, chat_template, postprocessing_instances, "
+            "preprocessing_instances, skip_special_tokens; engine torch: cuda_graphs, overlap_admission"
+        )
+
+
+def test_overlap_without_graphs_and_engine_settings_of_another_engine_are_refused(qwen_checkpoint, tmp_path):
+    both = {"overlap_admission": "true", "cuda_graphs": "false"}
+    with pytest.raises(UsageError, match="overlap_admission=true needs CUDA graphs"):
+        build.plan(request(qwen_checkpoint, tmp_path, gpu="H100", options=both), dry_run=True)
+    with pytest.raises(UsageError, match="unknown option 'cuda_graphs' for model 'qwen_llm' or engine 'trtllm'"):
+        build.plan(
+            request(qwen_checkpoint, tmp_path, gpu="H100", engine="trtllm", options={"cuda_graphs": "false"}),
+            dry_run=True,
+        )

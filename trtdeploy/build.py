@@ -29,7 +29,7 @@ from .manifest import COMPLETE, SCHEMA, reusable_manifest, write_manifest
 from .memory import WEIGHT_BYTES, MemoryEstimate, ModelShape, estimate
 from .repo import TemplateSource, render_repository, template_models
 from .server._process import process_alive
-from .spec import KV_CACHE_DTYPES, MODES, BuildContext, BuildPoint, Mode, ModelSpec
+from .spec import KV_CACHE_DTYPES, MODES, BuildContext, BuildPoint, Mode, ModelSpec, option_names, parse_options
 
 LLM_TEMPLATE = "tensorrt_llm"
 
@@ -174,7 +174,7 @@ def plan(request: BuildRequest, *, dry_run: bool = False) -> Plan:
         raise UsageError("--max-input-len and --max-output-len must be >= 1")
     if request.model_dir is not None and request.revision is not None:
         raise UsageError("--revision picks what to download; it cannot go with --model-dir (a local folder)")
-    options = spec.parse_options(request.options)
+    options, engine_options = _split_options(request.options, spec, engine)
     _check_engine_options(request, engine, dry_run)
     point = BuildPoint(
         model=spec.name,
@@ -188,6 +188,7 @@ def plan(request: BuildRequest, *, dry_run: bool = False) -> Plan:
         tp=request.tp,
         pp=request.pp,
         options=tuple(sorted(options.items())),
+        engine_options=tuple(sorted(engine_options.items())),
         max_num_tokens=max_num_tokens,
         engine_version=engine.resolve_version(request.engine_version, dry_run=dry_run),
         variant=request.variant,
@@ -241,6 +242,27 @@ def _validate(spec: ModelSpec, engine: Engine, context: BuildContext) -> None:
             f"--max-output-len {output_len}",
         )
     engine.validate(context)
+
+
+def _split_options(raw: dict[str, str], spec: ModelSpec, engine: Engine) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``-o`` settings as the model's (every option, defaults included) and the engine's (those given): a key is
+    the model's where it names one, else the engine's; UsageError naming both sets for a key neither knows."""
+    for_model = set(option_names(spec.Options))
+    for_engine = set(option_names(engine.Options))
+    unknown = [key for key in raw if key not in for_model | for_engine]
+    if unknown:
+        known = "; ".join(
+            f"{owner}: {', '.join(sorted(names)) or 'none'}"
+            for owner, names in ((f"model {spec.name}", for_model), (f"engine {engine.name}", for_engine))
+        )
+        raise UsageError(
+            f"unknown option {unknown[0]!r} for model {spec.name!r} or engine {engine.name!r}",
+            hint=f"known options: {known}",
+        )
+    model_raw = {key: value for key, value in raw.items() if key in for_model}
+    engine_raw = {key: value for key, value in raw.items() if key not in for_model}
+    given = parse_options(engine.Options, engine_raw, owner=f"engine {engine.name!r}")
+    return spec.parse_options(model_raw), {key: given[key] for key in engine_raw}
 
 
 def _check_engine_options(request: BuildRequest, engine: Engine, dry_run: bool) -> None:

@@ -57,6 +57,7 @@ class Deployment:
     def point(self) -> BuildPoint:
         data = dict(self.manifest["point"])
         data["options"] = tuple(sorted(data.get("options", {}).items()))
+        data["engine_options"] = tuple(sorted(data.get("engine_options", {}).items()))
         return BuildPoint(**data)
 
     @property

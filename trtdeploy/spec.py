@@ -42,6 +42,9 @@ class BuildPoint:
     tp: int = 1
     pp: int = 1
     options: tuple[tuple[str, Any], ...] = ()
+    #: The engine's ``-o`` settings given to the build (:attr:`~trtdeploy.engines.base.Engine.Options`), those
+    #: left at their defaults out.
+    engine_options: tuple[tuple[str, Any], ...] = ()
     #: Tokens one engine step may process.
     max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS
     #: The version of the engine's toolkit the build targets (TensorRT-LLM's for the trtllm engines), if any.
@@ -105,6 +108,9 @@ class BuildPoint:
     def as_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["options"] = dict(self.options)
+        data["engine_options"] = dict(self.engine_options)
+        if not self.engine_options:  # recorded only when given: the manifests (and hashes) of other builds stay
+            del data["engine_options"]
         return data
 
 
@@ -200,21 +206,7 @@ class ModelSpec(ABC):
 
     def parse_options(self, raw: dict[str, str]) -> dict[str, Any]:
         """Turn ``-o key=value`` strings into typed option values, rejecting unknown keys."""
-        if self.Options is None:
-            if raw:
-                raise UsageError(f"model {self.name!r} takes no -o options (got {', '.join(raw)})")
-            return {}
-        fields = {f.name: f for f in dataclasses.fields(self.Options)}
-        values: dict[str, Any] = {}
-        for key, text in raw.items():
-            if key not in fields:
-                known = ", ".join(sorted(fields)) or "none"
-                raise UsageError(f"unknown option {key!r} for model {self.name!r}", hint=f"known options: {known}")
-            values[key] = _coerce(key, text, fields[key].type)
-        try:
-            return dataclasses.asdict(self.Options(**values))
-        except ValueError as exc:  # the Options' own checks (__post_init__)
-            raise UsageError(f"model {self.name!r}: {exc}") from None
+        return parse_options(self.Options, raw, owner=f"model {self.name!r}")
 
     @abstractmethod
     def validate_checkpoint(self, checkpoint_dir: Path) -> None:
@@ -283,6 +275,32 @@ class ModelSpec(ABC):
             f"model {self.name!r} makes no perf workload without its deployment folder",
             hint="run perf with the deployment folder (its plugin knows no served configuration)",
         )
+
+
+def option_names(options: type | None) -> list[str]:
+    """The keys an ``Options`` dataclass (or None: no options) takes."""
+    return [] if options is None else [field.name for field in dataclasses.fields(options)]
+
+
+def parse_options(options: type | None, raw: dict[str, str], *, owner: str) -> dict[str, Any]:
+    """``-o key=value`` strings as the typed values of the dataclass ``options`` (its defaults for the keys not
+    given), for ``owner`` (e.g. "model 'qwen_llm'"); UsageError for an unknown key, a value of the wrong type, or
+    one the dataclass's own checks refuse."""
+    if options is None:
+        if raw:
+            raise UsageError(f"{owner} takes no -o options (got {', '.join(raw)})")
+        return {}
+    fields = {f.name: f for f in dataclasses.fields(options)}
+    values: dict[str, Any] = {}
+    for key, text in raw.items():
+        if key not in fields:
+            known = ", ".join(sorted(fields)) or "none"
+            raise UsageError(f"unknown option {key!r} for {owner}", hint=f"known options: {known}")
+        values[key] = _coerce(key, text, fields[key].type)
+    try:
+        return dataclasses.asdict(options(**values))
+    except ValueError as exc:  # the Options' own checks (__post_init__)
+        raise UsageError(f"{owner}: {exc}") from None
 
 
 def _coerce(key: str, text: str, annotation: Any) -> Any:

@@ -663,3 +663,29 @@ def test_log_probs_and_logits_match_transformers(generator, hf_model, reference)
     arrays = response_arrays(greedy(prompt, 6, **asked), greedy_output)
     assert arrays["context_logits"].shape == (1, 8, 512) and arrays["generation_logits"].shape == (1, 1, 6, 512)
     assert arrays["output_log_probs"].shape == (1, 1, 6) and arrays["cum_log_probs"].tolist() == [[0.0]]
+
+
+@pytest.mark.parametrize(("given", "overlap"), [({}, False), ({"overlap_admission": "true"}, True)])
+def test_the_config_parameters_set_the_engines_knobs(qwen2_dir, given, overlap):
+    """config.pbtxt's parameters, as the build renders them from ``-o``: an overlap given there replaces the
+    model's own default; CUDA graphs off (on the CPU they are off anyway)."""
+    import json
+
+    from trtdeploy.backend_utils import ModelParameters
+    from trtdeploy.engines.torch.runtime import load_from_parameters
+
+    values = {
+        "hf_model_dir": str(qwen2_dir),
+        "max_slots": "2",
+        "max_input_len": "16",
+        "max_seq_len": "32",
+        "cuda_graphs": "false",
+        **given,
+    }
+    config = {"name": "tensorrt_llm", "parameters": {key: {"string_value": value} for key, value in values.items()}}
+    gen = load_from_parameters(ModelParameters({"model_config": json.dumps(config)}))
+    try:
+        assert gen.model.overlap_admission is overlap
+        assert not gen.model.use_graphs
+    finally:
+        gen.close()

@@ -227,8 +227,10 @@ def test_the_build_job_builds_the_same_point_as_the_real_build_cli_plans_it(
     local = deployment("torch-l4")
     manifest = json.loads((local.path / "manifest.json").read_text())
     manifest["source"] = {"path": str(qwen_checkpoint), "fingerprint": "0"}
+    manifest["point"]["engine_options"] = {"overlap_admission": True}  # built with -o overlap_admission=true
     (local.path / "manifest.json").write_text(json.dumps(manifest))
     argv = build_argv(Deployment.load(local.path), output_dir=str(tmp_path), checkpoint_dir=str(qwen_checkpoint))
+    assert "overlap_admission=true" in argv
     planned = run_cli(*argv, "--dry-run", "--json")
     assert planned.returncode == 0, planned.stderr
     assert json.loads(planned.stdout)["point"] == manifest["point"]

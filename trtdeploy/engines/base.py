@@ -89,6 +89,9 @@ class Engine(ABC):
     serves_encoder_decoder: ClassVar[bool] = True
     #: The optional build settings this engine honours (names of :data:`trtdeploy.build.ENGINE_OPTION_FLAGS`).
     build_options: ClassVar[frozenset[str]] = frozenset()
+    #: Engine-specific settings (``-o key=value`` on ``build``, beside the model's): a dataclass whose fields have
+    #: defaults; the point records those given (:attr:`~trtdeploy.spec.BuildPoint.engine_options`).
+    Options: ClassVar[type | None] = None
 
     @abstractmethod
     def unavailable_reason(self) -> str | None:

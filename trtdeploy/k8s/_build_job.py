@@ -63,6 +63,6 @@ def build_argv(deployment: Deployment, *, output_dir: str, checkpoint_dir: str |
             "which a build in the cluster cannot download",
             hint="put that folder on a volume and pass --checkpoint-claim CLAIM[:SUBPATH], or use --storage volume",
         )
-    for key, value in point.options:
+    for key, value in (*point.options, *point.engine_options):
         argv += ["-o", f"{key}={_option_text(value)}"]
     return [*argv, f"--output-dir={output_dir}"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,18 @@ SUPPORTED_ARCHITECTURES = (
 )
 #: transformers' default ``max_target_positions`` of a Whisper config.
 WHISPER_TARGET_POSITIONS = 448
+
+
+@dataclass(frozen=True)
+class TorchOptions:
+    """The torch engine's ``-o`` settings (``build -o cuda_graphs=false``); None: the default."""
+
+    #: Replay each decode step (and Whisper's encoder) as a CUDA graph, captured at load (default: on a GPU).
+    cuda_graphs: bool | None = None
+    #: Run admission (prefill, Whisper's encoder) on a stream of its own beside the decode steps instead of between
+    #: them: shorter stalls of the running streams when a long prompt enters, slower steps meanwhile (default: on
+    #: for Whisper, off for decoder LMs; needs CUDA graphs).
+    overlap_admission: bool | None = None
 
 
 def unsupported_reason(config: dict[str, Any], max_seq_len: int) -> str | None:
@@ -69,6 +82,7 @@ class TorchEngine(Engine):
     templates_dir = PYTHON_TEMPLATES
     runs_on_cpu = True
     noise_keyed_by_position = True  # a counter-based hash of (seed, position, token): see runtime/sampling.py
+    Options = TorchOptions
 
     def unavailable_reason(self) -> str | None:
         missing = [name for name in ("torch", "transformers") if importlib.util.find_spec(name) is None]
@@ -83,6 +97,17 @@ class TorchEngine(Engine):
         point = ctx.point
         if point.world_size > 1:
             raise UsageError("torch engine serves one GPU; use --engine trtllm for TP/PP")
+        given = dict(point.engine_options)
+        if point.device == "cpu" and (given.get("cuda_graphs") or given.get("overlap_admission")):
+            raise UsageError(
+                "-o cuda_graphs and overlap_admission work on a GPU only, and this build is for the CPU",
+                hint="leave them out, or build for a GPU (--gpu)",
+            )
+        if given.get("overlap_admission") and given.get("cuda_graphs") is False:
+            raise UsageError(
+                "-o overlap_admission=true needs CUDA graphs, which -o cuda_graphs=false turns off",
+                hint="leave one of them out",
+            )
         config_path = Path(ctx.llm_dir) / "config.json"
         if not config_path.is_file():  # not downloaded yet: the runtime checks again when it loads the model
             return
@@ -107,6 +132,7 @@ class TorchEngine(Engine):
 
     def template_context(self, ctx: BuildContext) -> dict[str, Any]:
         point = ctx.point
+        given = dict(point.engine_options)
         parameters = {
             "generator_factory": "trtdeploy.engines.torch.runtime:load_from_parameters",
             "hf_model_dir": ctx.llm_dir,
@@ -117,10 +143,12 @@ class TorchEngine(Engine):
             "max_seq_len": point.max_seq_len,
             "max_num_tokens": max(point.max_num_tokens, ctx.llm_max_input_len),
             "exclude_input_in_output": "true",
-            "cuda_graphs": str(point.device == "cuda").lower(),
+            "cuda_graphs": str(given.get("cuda_graphs", point.device == "cuda")).lower(),
             "cancellation_check_period_ms": 100,
             "encoder_decoder": str(ctx.encoder_decoder).lower(),
         }
+        if "overlap_admission" in given:
+            parameters["overlap_admission"] = str(given["overlap_admission"]).lower()
         gpus = [group[0] for group in point.gpu_groups] if point.replicas > 1 else []
         inputs = encoder_decoder_inputs(ctx.encoder_features_dtype) if ctx.encoder_decoder else INPUTS
         return {"parameters": parameters, "inputs": inputs, "outputs": OUTPUTS, "gpus": gpus}

@@ -65,9 +65,11 @@ def load_generator(
     max_seq_len: int = 4096,
     max_num_tokens: int = 8192,
     cuda_graphs: bool = True,
+    overlap_admission: bool | None = None,
     cancel_check_period: float = 0.1,
 ) -> Generator:
-    """Load a checkpoint folder and start a generator over it (raises ValueError for a checkpoint it cannot serve)."""
+    """Load a checkpoint folder and start a generator over it (raises ValueError for a checkpoint it cannot serve).
+    ``overlap_admission``: None keeps the model's own (:attr:`~.model.SlotModel.overlap_admission`)."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
     reason = unsupported_reason(config, max_seq_len)
     if reason:
@@ -82,6 +84,7 @@ def load_generator(
         max_slots=max_slots,
         max_seq_len=max_seq_len,
         cuda_graphs=cuda_graphs,
+        overlap_admission=overlap_admission,
     )
     end_ids, _ = special_tokens(model_dir)
     limits = GeneratorConfig(
@@ -104,5 +107,6 @@ def load_from_parameters(params: ModelParameters) -> Generator:
         max_seq_len=params.int("max_seq_len"),
         max_num_tokens=params.int("max_num_tokens", 8192),
         cuda_graphs=params.bool("cuda_graphs", True),
+        overlap_admission=params.bool("overlap_admission") if "overlap_admission" in params.raw else None,
         cancel_check_period=params.int("cancellation_check_period_ms", 100) / 1000,
     )

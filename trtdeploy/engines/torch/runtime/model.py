@@ -116,7 +116,10 @@ class SlotModel(ABC):
         max_slots: int,
         max_seq_len: int,
         cuda_graphs: bool,
+        overlap_admission: bool | None = None,
     ):
+        if overlap_admission is not None:  # else the class's
+            self.overlap_admission = overlap_admission
         self.device = device
         self.dtype = dtype
         self.vocab_size = vocab_size
@@ -141,6 +144,34 @@ class SlotModel(ABC):
         #: cuBLAS workspace, which PyTorch keys by the capturing stream (a shared one hangs split-K GEMMs).
         homes = 1 + self.overlap_admission if self.use_graphs else 0
         self._graph_homes = [(torch.cuda.graph_pool_handle(), torch.cuda.Stream(self.device)) for _ in range(homes)]
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_dir: str,
+        *,
+        dtype: torch.dtype,
+        device: str,
+        max_slots: int,
+        max_seq_len: int,
+        cuda_graphs: bool,
+        overlap_admission: bool | None = None,
+    ) -> SlotModel:
+        """Load a checkpoint folder with transformers and keep only the weights this forward pass uses (a
+        subclass's constructor takes the transformers model first)."""
+        loaded = cls._transformers_model(model_dir, dtype).to(device).eval()
+        return cls(
+            loaded,
+            max_slots=max_slots,
+            max_seq_len=max_seq_len,
+            cuda_graphs=cuda_graphs,
+            overlap_admission=overlap_admission,
+        )
+
+    @staticmethod
+    @abstractmethod
+    def _transformers_model(model_dir: str, dtype: torch.dtype) -> torch.nn.Module:
+        """The checkpoint as transformers loads it (on the CPU), whose weights this forward pass takes."""
 
     def buckets(self, batch: int, span: int) -> tuple[int, int]:
         """The (batch, span) bucket a decode step over ``batch`` slots attending to ``span`` positions runs in."""
@@ -318,7 +349,15 @@ class SlotModel(ABC):
 class DecoderModel(SlotModel):
     """A Hugging Face causal LM (Qwen2/Qwen3/Llama/Mistral) over a static KV cache."""
 
-    def __init__(self, causal_lm: torch.nn.Module, *, max_slots: int, max_seq_len: int, cuda_graphs: bool = True):
+    def __init__(
+        self,
+        causal_lm: torch.nn.Module,
+        *,
+        max_slots: int,
+        max_seq_len: int,
+        cuda_graphs: bool = True,
+        overlap_admission: bool | None = None,
+    ):
         super().__init__(
             device=causal_lm.lm_head.weight.device,
             dtype=causal_lm.lm_head.weight.dtype,
@@ -326,6 +365,7 @@ class DecoderModel(SlotModel):
             max_slots=max_slots,
             max_seq_len=max_seq_len,
             cuda_graphs=cuda_graphs,
+            overlap_admission=overlap_admission,
         )
         config = causal_lm.config
         base = causal_lm.model
@@ -379,15 +419,11 @@ class DecoderModel(SlotModel):
             down_bias=_bias(mlp.down_proj),
         )
 
-    @classmethod
-    def from_pretrained(
-        cls, model_dir: str, *, dtype: torch.dtype, device: str, max_slots: int, max_seq_len: int, cuda_graphs: bool
-    ) -> DecoderModel:
-        """Load a checkpoint folder with transformers and keep only the weights this forward pass uses."""
+    @staticmethod
+    def _transformers_model(model_dir: str, dtype: torch.dtype) -> torch.nn.Module:
         from transformers import AutoModelForCausalLM
 
-        causal_lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
-        return cls(causal_lm, max_slots=max_slots, max_seq_len=max_seq_len, cuda_graphs=cuda_graphs)
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
 
     def weight_bytes(self) -> int:
         """Bytes of weights a decode step reads (every layer, the final norm and the LM head)."""

@@ -92,7 +92,15 @@ class WhisperModel(SlotModel):
     #: The encoder (~6 ms a window on an H200) and a prefill over it would otherwise stall every running sequence.
     overlap_admission = True
 
-    def __init__(self, whisper: torch.nn.Module, *, max_slots: int, max_seq_len: int, cuda_graphs: bool = True):
+    def __init__(
+        self,
+        whisper: torch.nn.Module,
+        *,
+        max_slots: int,
+        max_seq_len: int,
+        cuda_graphs: bool = True,
+        overlap_admission: bool | None = None,
+    ):
         config = whisper.config
         if max_seq_len > config.max_target_positions:
             raise ValueError(
@@ -106,6 +114,7 @@ class WhisperModel(SlotModel):
             max_slots=max_slots,
             max_seq_len=max_seq_len,
             cuda_graphs=cuda_graphs,
+            overlap_admission=overlap_admission,
         )
         encoder, decoder = whisper.model.encoder, whisper.model.decoder
         self.hidden = config.d_model
@@ -204,15 +213,11 @@ class WhisperModel(SlotModel):
             fc2=_linear(layer.fc2),
         )
 
-    @classmethod
-    def from_pretrained(
-        cls, model_dir: str, *, dtype: torch.dtype, device: str, max_slots: int, max_seq_len: int, cuda_graphs: bool
-    ) -> WhisperModel:
-        """Load a checkpoint folder with transformers and keep only the weights this forward pass uses."""
+    @staticmethod
+    def _transformers_model(model_dir: str, dtype: torch.dtype) -> torch.nn.Module:
         from transformers import WhisperForConditionalGeneration
 
-        whisper = WhisperForConditionalGeneration.from_pretrained(model_dir, dtype=dtype).to(device).eval()
-        return cls(whisper, max_slots=max_slots, max_seq_len=max_seq_len, cuda_graphs=cuda_graphs)
+        return WhisperForConditionalGeneration.from_pretrained(model_dir, dtype=dtype)
 
     def buckets(self, batch: int, span: int) -> tuple[int, int]:
         batch, span = super().buckets(batch, span)

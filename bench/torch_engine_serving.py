@@ -10,6 +10,7 @@ With ``--replicas N`` the deployment has an instance on each of N GPUs, and each
 utilization while it ran (``nvidia-smi``, sampled every 100 ms).
 
     python bench/torch_engine_serving.py [--concurrency 1,4,16,64] [--isl 128] [--osl 256] [--replicas 1] [--tiny]
+        [-o cuda_graphs=false ...]
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=1, help="an instance on each of this many GPUs")
     parser.add_argument("--requests-per-slot", type=int, default=None, help="measured requests per level / concurrency")
     parser.add_argument("--workers", type=int, default=1, help="perf client processes")
+    parser.add_argument("-o", "--option", action="append", default=[], help="build -o KEY=VALUE (repeatable)")
     parser.add_argument("--shape", choices=("0.5b", "7b"), default="0.5b", help="Qwen2.5-0.5B's or -7B's shape")
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model, to try the script on a CPU")
     parser.add_argument("--workdir", type=Path, default=None)
@@ -112,6 +114,7 @@ def main() -> None:
             max_input_len=args.isl,
             max_output_len=args.osl,
             replicas=args.replicas,
+            options=dict(option.split("=", 1) for option in args.option),
         )
     ).deployment
     bound_ms = None

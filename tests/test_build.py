@@ -389,6 +389,7 @@ def test_engine_settings_are_taken_by_o_beside_the_models(qwen_checkpoint, tmp_p
     gpu = request(qwen_checkpoint, tmp_path, gpu="H100", options=options)
     planned = build.plan(gpu, dry_run=True)
     assert planned.context.point.engine_options == (("cuda_graphs", False),)
+    assert planned.context.point.name == "torch-bf16-bs4-tp1pp1-streaming-cuda_graphs-false"  # beside the default
     assert dict(planned.context.point.options)["preprocessing_instances"] == 2
     parameters = plugins.get_engine("torch").template_context(planned.context)["parameters"]
     assert parameters["cuda_graphs"] == "false" and "overlap_admission" not in parameters
@@ -401,7 +402,7 @@ def test_engine_settings_are_taken_by_o_beside_the_models(qwen_checkpoint, tmp_p
     ("options", "message"),
     [
         ({"colour": "red"}, r"unknown option 'colour' for model 'qwen_llm' or engine 'torch'"),
-        ({"cuda_graphs": "sometimes"}, "option cuda_graphs='sometimes' is not a valid bool"),
+        ({"cuda_graphs": "sometimes"}, r"option cuda_graphs='sometimes' is not a valid bool$"),
         ({"cuda_graphs": "true"}, "work on a GPU only, and this build is for the CPU"),
     ],
 )

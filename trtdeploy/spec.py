@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,9 +43,6 @@ class BuildPoint:
     tp: int = 1
     pp: int = 1
     options: tuple[tuple[str, Any], ...] = ()
-    #: The engine's ``-o`` settings given to the build (:attr:`~trtdeploy.engines.base.Engine.Options`), those
-    #: left at their defaults out.
-    engine_options: tuple[tuple[str, Any], ...] = ()
     #: Tokens one engine step may process.
     max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS
     #: The version of the engine's toolkit the build targets (TensorRT-LLM's for the trtllm engines), if any.
@@ -59,12 +57,15 @@ class BuildPoint:
     #: engine's defaults.
     calib_dataset: str | None = None
     calib_size: int | None = None
+    #: The engine's ``-o`` settings given to the build (:attr:`~trtdeploy.engines.base.Engine.Options`), those not
+    #: given left out.
+    engine_options: tuple[tuple[str, Any], ...] = ()
 
     @property
     def name(self) -> str:
         """The deployment folder's name, e.g. ``torch-bf16-bs8-tp1pp1-streaming``, with a part for each setting
         left off its default: ``-x2`` (replicas), ``-kvint8``, ``-calib256``, ``-calibdata-1a2b3c`` (a short hash of
-        the dataset's path), then the variant."""
+        the dataset's path), ``-cuda_graphs-false`` per engine setting given, then the variant."""
         parts = [f"{self.engine}-{self.precision}-bs{self.max_batch_size}-tp{self.tp}pp{self.pp}-{self.mode}"]
         if self.replicas > 1:
             parts.append(f"x{self.replicas}")
@@ -74,6 +75,8 @@ class BuildPoint:
             parts.append(f"calib{self.calib_size}")
         if self.calib_dataset:
             parts.append(f"calibdata-{hashlib.sha256(self.calib_dataset.encode()).hexdigest()[:6]}")
+        for key, value in self.engine_options:
+            parts.append(f"{key}-{re.sub(r'[^A-Za-z0-9_.]+', '', str(value).lower())}")
         if self.variant:
             parts.append(self.variant)
         return "-".join(parts)
@@ -305,6 +308,7 @@ def parse_options(options: type | None, raw: dict[str, str], *, owner: str) -> d
 
 def _coerce(key: str, text: str, annotation: Any) -> Any:
     kind = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    kind = kind.removesuffix(" | None")
     try:
         if kind.startswith("bool"):
             low = text.lower()

@@ -73,7 +73,7 @@ def build(
     revision: Annotated[str | None, typer.Option(help="Hub revision to download.")] = None,
     output_dir: Annotated[Path, typer.Option(help="Root of the deployment folders.")] = Path("deployments"),
     option: Annotated[
-        list[str] | None, typer.Option("--option", "-o", help="Model setting KEY=VALUE (repeatable).")
+        list[str] | None, typer.Option("--option", "-o", help="Model or engine setting KEY=VALUE (repeatable).")
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan of every point; touch nothing.")] = False,
     skip_invalid: Annotated[

@@ -45,7 +45,7 @@ WHISPER_TARGET_POSITIONS = 448
 class TorchOptions:
     """The torch engine's ``-o`` settings (``build -o cuda_graphs=false``); None: the default."""
 
-    #: Replay each decode step (and Whisper's encoder) as a CUDA graph, captured at load (default: on a GPU).
+    #: Replay decode steps, padded prefills, sampling and Whisper's encoder as CUDA graphs (default: on a GPU).
     cuda_graphs: bool | None = None
     #: Run admission (prefill, Whisper's encoder) on a stream of its own beside the decode steps instead of between
     #: them: shorter stalls of the running streams when a long prompt enters, slower steps meanwhile (default: on

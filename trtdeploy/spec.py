@@ -111,9 +111,9 @@ class BuildPoint:
     def as_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["options"] = dict(self.options)
-        data["engine_options"] = dict(self.engine_options)
-        if not self.engine_options:  # recorded only when given: the manifests (and hashes) of other builds stay
-            del data["engine_options"]
+        del data["engine_options"]
+        if self.engine_options:  # recorded only when given: the manifests (and hashes) of other builds stay
+            data["engine_options"] = dict(self.engine_options)
         return data
 
 

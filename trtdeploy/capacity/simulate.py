@@ -27,7 +27,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -82,18 +82,23 @@ class Outcome:
     twin: np.ndarray
 
 
-@dataclass(frozen=True)
+@dataclass
 class MissBudget:
     """When a simulation may stop: per group of limits (each percentile limit; the per-request limits together),
-    the longest wait (s) with which a request of each measured twin still meets them, and how many requests of the
-    load may miss them with the SLO still met."""
+    the longest wait (s) with which a request of each measured twin still meets them, how many requests of the
+    load may miss them with the SLO still met, and how many have so far (one budget per simulation)."""
 
     longest_wait_s: np.ndarray
     misses_allowed: np.ndarray
+    misses: np.ndarray = field(init=False)
 
-    def missed(self, twins: np.ndarray, waits_s: np.ndarray) -> np.ndarray:
-        """Per group, how many of these requests miss it."""
-        return (waits_s[None, :] > self.longest_wait_s[:, twins]).sum(axis=1)
+    def __post_init__(self) -> None:
+        self.misses = np.zeros_like(self.misses_allowed)
+
+    def spent(self, twins: np.ndarray, waits_s: np.ndarray) -> bool:
+        """Count these requests' misses; whether some group has now missed more than it may."""
+        self.misses += (waits_s[None, :] > self.longest_wait_s[:, twins]).sum(axis=1)
+        return bool((self.misses > self.misses_allowed).any())
 
 
 def miss_budget(curve: ReplicaCurve, slo: Slo, requests: int) -> MissBudget:
@@ -208,7 +213,6 @@ def _fixed_routes(
     rows = np.arange(replicas)
     starts = np.empty((replicas, steps))
     twins = np.empty((replicas, steps), dtype=np.int64)
-    misses = 0
     for step in range(steps):
         arrive = due[:, step]
         slot = free_at.argmin(axis=1)
@@ -220,8 +224,7 @@ def _fixed_routes(
         if budget is not None and (step % _STEPS_PER_LOOK == _STEPS_PER_LOOK - 1 or step == steps - 1):
             looked = slice(step - step % _STEPS_PER_LOOK, step + 1)
             sent = np.isfinite(due[:, looked])
-            misses = misses + budget.missed(twins[:, looked][sent], starts[:, looked][sent] - due[:, looked][sent])
-            if (misses > budget.misses_allowed).any():
+            if budget.spent(twins[:, looked][sent], starts[:, looked][sent] - due[:, looked][sent]):
                 return None
     start_of = np.empty(len(order))
     twin_of = np.empty(len(order), dtype=np.int64)
@@ -261,13 +264,11 @@ def _in_turn(
     twins: list[int] = []
     add_wait, add_twin = waits.append, twins.append
     pop, push, replace = heapq.heappop, heapq.heappush, heapq.heapreplace
-    misses = 0
     for first in range(0, count, _REQUESTS_PER_LOOK):
         last = min(first + _REQUESTS_PER_LOOK, count)
         if budget is not None and first:
             looked = slice(first - _REQUESTS_PER_LOOK, first)
-            misses = misses + budget.missed(np.asarray(twins[looked]), np.asarray(waits[looked]))
-            if (misses > budget.misses_allowed).any():
+            if budget.spent(np.asarray(twins[looked]), np.asarray(waits[looked])):
                 return None
         chunk = slice(first, last)
         for now, tick, draw, r in zip(times[chunk], ticks[chunk], drawn[chunk], routes[chunk], strict=True):

@@ -5,7 +5,10 @@ greedy, no host work), the same through the continuous-batching loop (streaming,
 tokens/s, and the bandwidth bound: weight bytes read per step / HBM bandwidth measured by a device-to-device copy.
 Before timing it checks the runtime against transformers (prefill logits, graph vs eager decode, greedy tokens) and
 seeded sampling alone vs in a batch, graph vs eager sampling; with ``--tiny --dtype fp32`` every check must agree
-exactly. The loop is timed greedy and with Spark-TTS's sampling settings (top-k 50, top-p 0.95, temperature 0.8).
+exactly. The loop is timed greedy, with Spark-TTS's sampling settings (top-k 50, top-p 0.95, temperature 0.8), and
+as CosyVoice asks for speech (those settings with a repetition penalty of 1.1, an embedding bias leaving only the
+last ``--speech-tokens`` ids, and end tokens banned for the first half: ``speech ITL``). ``--vocab 158336`` gives
+CosyVoice2's converted vocabulary; ``--profile-loop`` prints where the loop's time goes at batch 1 as CosyVoice asks.
 
     PYTHONPATH=. python3 bench/torch_engine_decode.py [--batches 1,4,16,64] [--tiny --device cpu]
 """
@@ -16,6 +19,7 @@ import argparse
 import threading
 import time
 
+import numpy as np
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -31,6 +35,8 @@ from trtdeploy.engines.torch.runtime import (
 
 #: Spark-TTS's official sampling settings: the ranked path (top-k, then nucleus) of the sampler.
 SAMPLED = SamplingParams(temperature=0.8, top_k=50, top_p=0.95, seed=7)
+#: CosyVoice's defaults: those settings with a repetition penalty.
+SPEECH = SamplingParams(temperature=0.8, top_k=50, top_p=0.95, repetition_penalty=1.1, seed=7)
 
 QWEN25_05B = {
     "hidden_size": 896,
@@ -181,6 +187,30 @@ def check(model: DecoderModel, hf: torch.nn.Module, generator_factory, length: i
     generator.close()
 
 
+def speech_requests(prompts: list[list[int]], output_len: int, vocab: int, speech_tokens: int):
+    """Requests as CosyVoice makes them: its sampling, a bias leaving the last ``speech_tokens`` ids (the speech
+    tokens; the last of them ends the answer, banned for the first half)."""
+    bias = np.zeros(vocab, dtype=np.float32)
+    bias[: vocab - speech_tokens] = -np.inf
+    return [
+        GenerationRequest(
+            [p], output_len, end_id=vocab - 1, streaming=True, sampling=SPEECH, embedding_bias=bias,
+            min_tokens=output_len // 2,
+        )
+        for p in prompts
+    ]  # fmt: skip
+
+
+def profile_loop(generator: Generator, requests: list[GenerationRequest]) -> None:
+    """CPU and GPU time of the continuous-batching loop serving ``requests`` (one warm-up run first)."""
+    run_requests(generator, requests)
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        run_requests(generator, requests)
+    for key in ("cuda_time_total", "cpu_time_total"):
+        print(prof.key_averages().table(sort_by=key, row_limit=15, max_name_column_width=60))
+
+
 def profile(model: DecoderModel, length: int, steps: int = 20) -> None:
     """Kernel times of eager decode steps at batch 1 (what a CUDA graph replays, minus launch gaps)."""
     model.start([0], [1], [length])
@@ -206,6 +236,9 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model, to try the script on a CPU")
     parser.add_argument("--hf-steps", type=int, default=32, help="decode steps of HF generate to time (0: skip)")
     parser.add_argument("--profile", action="store_true", help="print the top kernels of eager batch-1 decode steps")
+    parser.add_argument("--vocab", type=int, default=QWEN25_05B["vocab_size"], help="vocabulary (158336: CosyVoice2)")
+    parser.add_argument("--speech-tokens", type=int, default=6564, help="ids the speech requests' bias leaves")
+    parser.add_argument("--profile-loop", action="store_true", help="profile the loop at batch 1, speech requests")
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     device = torch.device(args.device)
@@ -213,7 +246,7 @@ def main() -> None:
     max_slots, max_seq_len = max(batches), args.prompt_len + args.output_len
 
     torch.manual_seed(0)
-    config = Qwen2Config(**(TINY if args.tiny else QWEN25_05B))
+    config = Qwen2Config(**{**(TINY if args.tiny else QWEN25_05B), "vocab_size": args.vocab})
     hf = Qwen2ForCausalLM._from_config(config, dtype=dtype).to(device).eval()
     model = DecoderModel(hf, max_slots=max_slots, max_seq_len=max_seq_len, cuda_graphs=not args.no_graphs)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
@@ -263,6 +296,12 @@ def main() -> None:
         ]
         run_requests(generator, sampled)  # warm-up: captures the sampling graphs
         row.append(inter_token(run_requests(generator, sampled)[1]))
+        speech = speech_requests(prompts, args.output_len, config.vocab_size, args.speech_tokens)
+        run_requests(generator, speech)
+        row.append(inter_token(run_requests(generator, speech)[1]))
+    if args.profile_loop:
+        prompt = torch.randint(0, config.vocab_size, (1, args.prompt_len), generator=rng).tolist()
+        profile_loop(generator, speech_requests(prompt, args.output_len, config.vocab_size, args.speech_tokens))
     generator.close()
     print(f"CUDA graphs captured: {len(model._graphs)} decode, {len(model._prefill_graphs)} prefill")
 
@@ -271,7 +310,7 @@ def main() -> None:
         "loop = Generator (streaming, host work and sends included)"
     )
     header = ["batch", "prefill ms", "model ms/step", "model tok/s", "loop TTFT ms", "loop ITL ms", "loop tok/s"]
-    header.append("sampled ITL ms")
+    header += ["sampled ITL ms", "speech ITL ms"]
     print(" | ".join(f"{h:>13}" for h in header))
     for row in rows:
         print(" | ".join(f"{row[0]:>13d}" if i == 0 else f"{value:>13.2f}" for i, value in enumerate(row)))

@@ -51,6 +51,7 @@ def newest_trtllm_release() -> TrtllmRelease:
 
 #: What Triton python models use of :mod:`.backend_utils`.
 _BACKEND_HELPERS = (
+    "CallAhead",
     "ModelParameters",
     "RequestError",
     "Sampling",

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +72,37 @@ def call_model(model: str, inputs: list, outputs: list[str]) -> Any:
     if response.has_error():
         raise RuntimeError(f"{model}: {response.error().message()}")
     return response
+
+
+class CallAhead:
+    """Runs a stream's next call (the LLM's next segment) on a thread of its own while the caller works on what the
+    last one returned (turning its tokens into audio): a BLS call releases the GIL while it waits, so the two models
+    work at once for one request. One call is in flight at a time; each model instance keeps one of these.
+
+    ``drain`` (in a ``finally``) waits for a call still in flight, so that nothing runs on for a request that has
+    ended, failed or been cancelled."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtdeploy-call-ahead")
+        self._pending: Future | None = None
+
+    def start(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        if self._pending is not None:
+            raise RuntimeError("CallAhead.start: the call before is still in flight; take its result() first")
+        self._pending = self._pool.submit(call, *args, **kwargs)
+
+    def result(self) -> Any:
+        """The call's answer (its exception raised here)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            raise RuntimeError("CallAhead.result: no call was started")
+        return pending.result()
+
+    def drain(self) -> None:
+        """Wait for a call still in flight and drop its outcome."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.exception()
 
 
 @dataclass(frozen=True)

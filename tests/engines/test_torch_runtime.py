@@ -602,6 +602,28 @@ def test_min_tokens_holds_the_end_tokens_back(generator, reference):
     assert held.tokens[:2] == tokens[:2] and len(held.tokens) >= 6 and end not in held.tokens
 
 
+def test_min_tokens_frees_the_end_tokens_exactly_at_the_minimum(generator, reference):
+    """The end token, made the model's first choice by a bias, comes as soon as it is allowed: after exactly
+    ``min_tokens`` tokens, whether the loop runs one step ahead (no bad words) or in lockstep (bad words)."""
+    prompt, _ = reference
+    end = 7
+    bias = np.zeros(end + 1, dtype=np.float32)
+    bias[end] = 1.0e4
+
+    def request(minimum, **kwargs):
+        return GenerationRequest([prompt], 30, end_id=end, embedding_bias=bias, min_tokens=minimum, **kwargs)
+
+    minimums = [1, 2, 5, 9]
+    beside = greedy(prompt, 30)  # a sequence that never ends early, in the same steps
+    sinks = run_all(
+        generator, [beside] + [request(m) for m in minimums] + [request(m, streaming=True) for m in minimums]
+    )
+    assert [len(sink.tokens) for sink in sinks[1:]] == minimums * 2
+    assert all(end not in sink.tokens for sink in sinks[1:])
+    lockstep = run_all(generator, [request(m, bad_words=((end - 1,),)) for m in minimums])
+    assert [len(sink.tokens) for sink in lockstep] == minimums
+
+
 def test_penalties_run_in_the_decode_loop(generator, hf_model):
     prompt = prompts_of([8], seed=26)[0]
     plain = hf_greedy(hf_model, prompt, 20)

@@ -9,7 +9,8 @@ with the speech-only ``embedding_bias``, then ``token2wav`` (CosyVoice3: and ``v
 comes back; decoupled (streaming), audio chunks as the speech tokens come, then an empty final response.
 
 Every call is non-decoupled: streaming asks the LLM for one chunk's tokens at a time, with the prompt followed by
-what it said so far (BLS models reading a decoupled model's stream crash the python-backend stub under load). Each
+what it said so far (BLS models reading a decoupled model's stream crash the python-backend stub under load), the
+next chunk's while token2wav makes the last one's audio. Each
 instance serves one request at a time. Every failure reaches the client as an error response naming the problem;
 the model keeps serving.
 """
@@ -24,6 +25,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trtdeploy import (
+    CallAhead,
     ModelParameters,
     RequestError,
     Sampling,
@@ -67,6 +69,8 @@ class Synthesis:
     seed: int | None
     #: LLM calls made for it so far (on TensorRT-LLM each gets a seed of its own, see generate_segment).
     llm_calls: int = 0
+    #: The reference and target texts as the prompt reads them (normalised), once worked out.
+    prompt_texts: tuple[str, str] | None = None
 
 
 def _output(response, name: str) -> np.ndarray:
@@ -117,6 +121,7 @@ class TritonPythonModel:
             self.normalize.load()
         self.mel.features(np.zeros(REFERENCE_RATE, dtype=np.float32))
         self.voices = VoiceStore(params.str("speaker_dir"))
+        self.ahead = CallAhead()
 
     def execute(self, requests: list) -> None:
         for request in requests:
@@ -182,6 +187,12 @@ class TritonPythonModel:
 
     def _serve(self, job: Synthesis, sender) -> None:
         try:
+            self._synthesize(job, sender)
+        finally:
+            self.ahead.drain()  # a BLS call still in flight when the request failed
+
+    def _synthesize(self, job: Synthesis, sender) -> None:
+        try:
             voice = self._voice(job)
             prompt, text_tokens = self._prompt(voice, job)
             min_tokens = int(self.min_ratio * text_tokens)
@@ -217,12 +228,17 @@ class TritonPythonModel:
             row_tensor("reference_wav", job.wav, np.float32),
             row_tensor("reference_wav_len", [job.wav.size], np.int32),
         ]
-        try:  # the ensemble runs the tokenizer and the speaker embedding side by side
-            response = call_model("reference_voice", inputs, ["prompt_speech_tokens", "prompt_spk_embedding"])
+        # the ensemble runs the tokenizer and the speaker embedding side by side; meanwhile, the reference's mel and
+        # the prompt's texts are worked out here
+        self.ahead.start(call_model, "reference_voice", inputs, ["prompt_speech_tokens", "prompt_spk_embedding"])
+        features = self.mel.features(job.wav)
+        self._prompt_texts(job, reference_text)
+        try:
+            response = self.ahead.result()
         except RuntimeError as exc:
             raise RequestError(str(exc)) from None
         tokens, embedding = _output(response, "prompt_speech_tokens"), _output(response, "prompt_spk_embedding")
-        tokens, mel = align(tokens.reshape(-1).astype(np.int32), self.mel.features(job.wav))
+        tokens, mel = align(tokens.reshape(-1).astype(np.int32), features)
         if tokens.size == 0:
             raise RequestError("the reference audio is too short for one speech token (40 ms): send a few seconds")
         voice = Voice(text=reference_text, tokens=tokens, mel=mel, embedding=embedding.reshape(-1).astype(np.float32))
@@ -233,12 +249,18 @@ class TritonPythonModel:
     def _text(self, text: str) -> str:
         return self.normalize(text) if self.normalize is not None else text
 
+    def _prompt_texts(self, job: Synthesis, reference_text: str) -> tuple[str, str]:
+        """The reference and target texts as the prompt reads them (kept on the job)."""
+        if job.prompt_texts is None:
+            reference_text = self._text(reference_text)
+            if self.generation == "cosyvoice3" and END_OF_PROMPT not in reference_text:
+                reference_text = SYSTEM_PROMPT + reference_text
+            job.prompt_texts = (reference_text, self._text(job.target_text))
+        return job.prompt_texts
+
     def _prompt(self, voice: Voice, job: Synthesis) -> tuple[np.ndarray, int]:
         """The LLM prompt and the number of text tokens of the target text; RequestError when it cannot fit."""
-        reference_text = self._text(voice.text)
-        if self.generation == "cosyvoice3" and END_OF_PROMPT not in reference_text:
-            reference_text = SYSTEM_PROMPT + reference_text
-        target_text = self._text(job.target_text)
+        reference_text, target_text = self._prompt_texts(job, voice.text)
         # the two texts are read as one (as the official prompt string is tokenized); the target's own tokens
         # only set the answer's length bounds
         text_ids = self.tokenizer.encode(reference_text + target_text, add_special_tokens=False).ids
@@ -327,27 +349,38 @@ class TritonPythonModel:
 
     def _stream(self, job: Synthesis, voice: Voice, prompt, min_tokens: int, max_tokens: int, sender) -> None:
         """Ask the LLM for the tokens of the next chunk, turn what is ready into audio, send; until the LLM ends
-        or the cap is reached, then the rest of the audio and an empty final response."""
+        or the cap is reached, then the rest of the audio and an empty final response. After the first chunk, the LLM
+        makes the next chunk's tokens while token2wav turns the last chunk's into audio."""
         stream = _ChunkStream(self, voice, job.seed)
 
         def send(audio: np.ndarray) -> None:
             if audio.size:
                 sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio.reshape(1, -1))]))
 
+        def ask(said: np.ndarray, have: int, upto: int) -> int:
+            """Start the LLM on the tokens up to ``upto`` (capped), ``have`` being said; how many it was asked."""
+            wanted = min(max_tokens - have, upto - have)
+            self.ahead.start(self._generate, job, said, wanted, min(wanted, max(0, min_tokens - have)))
+            return wanted
+
         said, tokens, hop = prompt, np.zeros(0, dtype=np.int32), self.first_chunk
-        ended = False
-        while tokens.size < max_tokens and not sender.is_cancelled():
-            wanted = min(max_tokens - tokens.size, stream.offset + hop + LOOKAHEAD_TOKENS - tokens.size)
-            ids = self._generate(job, said, wanted, min(wanted, max(0, min_tokens - tokens.size)))
+        wanted = ask(said, 0, hop + LOOKAHEAD_TOKENS)
+        while True:
+            ids = self.ahead.result()
             said = np.concatenate([said, ids.astype(np.int32)])
             new = self._speech_tokens(ids)
             tokens = np.concatenate([tokens, new])
-            ended = new.size < ids.size or ids.size < wanted
-            if ended:
+            if new.size < ids.size or ids.size < wanted or tokens.size >= max_tokens or sender.is_cancelled():
                 break
-            if tokens.size >= stream.offset + hop + LOOKAHEAD_TOKENS:
+            # the LLM asked for exactly this chunk's tokens and its read-ahead: the chunk is ready
+            next_hop = min(self.max_chunk, int(hop * self.chunk_growth))
+            if stream.offset == 0:  # alone: beside the LLM on the GPU, the first chunk would wait for it
                 send(stream.chunk(tokens, hop))
-                hop = min(self.max_chunk, int(hop * self.chunk_growth))
+                wanted = ask(said, tokens.size, stream.offset + next_hop + LOOKAHEAD_TOKENS)
+            else:  # the next chunk's tokens come while this one is made
+                wanted = ask(said, tokens.size, stream.offset + hop + next_hop + LOOKAHEAD_TOKENS)
+                send(stream.chunk(tokens, hop))
+            hop = next_hop
         if sender.is_cancelled():  # the client has gone: no audio for it
             sender.send(flags=FINAL)
             return

@@ -18,7 +18,8 @@ steps choose for them dropped until the last prompt token's.
 
 Each prompt of a request runs as ``num_return_sequences`` sequences, one slot each. Stop words end a sequence on
 their last token (kept); bad words and, before ``min_tokens``, the end tokens are banned in the sampler before each
-step, from the sequence so far.
+step. A bad word's ban depends on the tokens so far, so its sequence's steps run in lockstep; the end tokens' ban
+depends only on their count, known one step ahead, so ``min_tokens`` leaves the loop one step ahead.
 """
 
 from __future__ import annotations
@@ -111,11 +112,11 @@ class _Sequence:
         self.cum_log_prob = 0.0
         self.logits: list[np.ndarray] = []
         request = job.request
-        #: Whether each step must fetch this sequence's log probability or logits, and whether it has bans to set:
-        #: either way its next step needs its last token on the host first (see :attr:`lockstep`).
+        #: Whether each step must fetch this sequence's log probability or logits, and whether it has bans to set.
+        #: Extras and bad words need its last token on the host before its next step (see :attr:`lockstep`).
         self.extras = request.return_log_probs or request.return_generation_logits
         self.rules = bool(request.bad_words or request.min_tokens)
-        self.lockstep = self.extras or self.rules
+        self.lockstep = self.extras or bool(request.bad_words)
         #: Prompt tokens given to the decode steps so far, while the prompt is fed rather than prefilled.
         self.fed = len(prompt)
 
@@ -134,11 +135,12 @@ class _Sequence:
     def ends_with_one_of(self, words: Words) -> bool:
         return any(self.tail(len(word)) == list(word) for word in words)
 
-    def banned(self) -> frozenset[int]:
+    def banned(self, ahead: int = 0) -> frozenset[int]:
         """The tokens the next step may not choose: the end tokens before ``min_tokens``, and each bad word's last
-        token when the sequence ends with the rest of that word."""
+        token when the sequence ends with the rest of that word. ``ahead``: tokens chosen by a step in flight and
+        not read yet (only where the sequence has no bad words)."""
         request = self.job.request
-        found = set(self.job.stops) if len(self.tokens) < request.min_tokens else set()
+        found = set(self.job.stops) if len(self.tokens) + ahead < request.min_tokens else set()
         found.update(word[-1] for word in request.bad_words if self.tail(len(word) - 1) == list(word[:-1]))
         return frozenset(found)
 
@@ -183,7 +185,7 @@ Event = tuple[Callable[..., None], tuple[Any, ...], bool]
 class _Step:
     """A decode step in flight: its sequences, whether its choice for each is dropped (a prompt token is fed next
     instead), its chosen tokens on their way to the host (``ready`` passed: there), and its logits when it runs in
-    lockstep (some sequence has bans or wants extras)."""
+    lockstep (some sequence has bad words or wants extras)."""
 
     sequences: list[_Sequence]
     dropped: list[bool]
@@ -533,6 +535,7 @@ class Generator:
         batch, span = self.model.buckets(top, span)
         sequences = list(running.values())
         try:
+            self._ban_ahead(sequences)
             logits = self.model.decode(batch, span)
             chosen = self.sampler.sample_decode(logits, self.model.positions[:batch])
             self.model.advance(batch, chosen)
@@ -601,7 +604,6 @@ class Generator:
                 bool(request.stop_words) and sequence.ends_with_one_of(request.stop_words)
             )
         if not finished:
-            self._ban(sequence)
             return False
         self._release(sequence)
         if not request.streaming:
@@ -614,10 +616,22 @@ class Generator:
             self._events.append((job.sink.send_final, (None if request.streaming else outputs,), False))
         return True
 
-    def _ban(self, sequence: _Sequence) -> None:
+    def _ban(self, sequence: _Sequence, ahead: int = 0) -> None:
         """Set the sampler's bans for the sequence's next token (only requests with word or length rules have any)."""
         if sequence.rules:
-            self.sampler.set_bans(sequence.slot, sequence.banned())
+            self.sampler.set_bans(sequence.slot, sequence.banned(ahead))
+
+    def _ban_ahead(self, sequences: list[_Sequence]) -> None:
+        """Set the bans of the step about to be queued, counting the token the step in flight gives each sequence
+        (a lockstep sequence has none in flight: its tokens were read before this step)."""
+        step = self._in_flight
+        given = (
+            {id(s) for s, dropped in zip(step.sequences, step.dropped, strict=True) if not dropped}
+            if step is not None
+            else set()
+        )
+        for sequence in sequences:
+            self._ban(sequence, ahead=int(id(sequence) in given))
 
     def _release(self, sequence: _Sequence) -> None:
         slot, sequence.slot = sequence.slot, None

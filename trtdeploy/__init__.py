@@ -55,6 +55,7 @@ _BACKEND_HELPERS = (
     "ModelParameters",
     "RequestError",
     "Sampling",
+    "bls_request",
     "call_model",
     "decode_text",
     "error_response",

@@ -64,11 +64,19 @@ def row_tensor(name: str, value: Any, dtype: Any) -> Any:
     return pb_utils.Tensor(name, np.asarray(value, dtype=dtype).reshape(1, -1))
 
 
-def call_model(model: str, inputs: list, outputs: list[str]) -> Any:
-    """One BLS call to a non-decoupled model; RuntimeError naming the model when it fails."""
+def bls_request(model: str, inputs: list, outputs: list[str], trace: Any = None) -> Any:
+    """A BLS request to ``model``. ``trace``: the calling request's (``request.trace()``), so that Triton's trace
+    (``--trace-config``) follows the request into the models it calls."""
     import triton_python_backend_utils as pb_utils
 
-    response = pb_utils.InferenceRequest(model_name=model, requested_output_names=outputs, inputs=inputs).exec()
+    traced = {} if trace is None else {"trace": trace}
+    return pb_utils.InferenceRequest(model_name=model, requested_output_names=outputs, inputs=inputs, **traced)
+
+
+def call_model(model: str, inputs: list, outputs: list[str], trace: Any = None) -> Any:
+    """One BLS call to a non-decoupled model; RuntimeError naming the model when it fails. ``trace``: as for
+    :func:`bls_request`."""
+    response = bls_request(model, inputs, outputs, trace).exec()
     if response.has_error():
         raise RuntimeError(f"{model}: {response.error().message()}")
     return response
@@ -231,11 +239,12 @@ def generate_segment(
     segment: int = 0,
     seed_per_segment: bool = False,
     extra: Sequence[Any] = (),
+    trace: Any = None,
 ) -> Any:
     """The ids an LLM-contract model generates after ``prompt`` in one non-decoupled call: ``max_tokens`` of them,
     fewer when it ends. ``segment`` counts the calls of an answer asked for in segments; on an engine whose noise
     restarts with each request (``seed_per_segment``) each segment gets its own seed (:func:`segment_seed`).
-    ``extra``: more input tensors (end and pad ids, stop words, a bias...)."""
+    ``extra``: more input tensors (end and pad ids, stop words, a bias...); ``trace``: as for :func:`call_model`."""
     import numpy as np
     import triton_python_backend_utils as pb_utils
 
@@ -254,7 +263,7 @@ def generate_segment(
         seed = segment_seed(seed or 0, segment)
     if seed is not None:
         inputs.append(row_tensor(seed_input, [seed], np.uint64))
-    response = call_model(model, inputs, ["output_ids", "sequence_length"])
+    response = call_model(model, inputs, ["output_ids", "sequence_length"], trace)
     lengths = pb_utils.get_output_tensor_by_name(response, "sequence_length")
     ids = pb_utils.get_output_tensor_by_name(response, "output_ids").as_numpy()
     return first_sequence(ids, None if lengths is None else lengths.as_numpy()).astype(np.int64)

@@ -24,12 +24,13 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
-from trtdeploy import ModelParameters, RequestError, error_response, first_sequence
+from trtdeploy import ModelParameters, RequestError, bls_request, error_response, first_sequence
 
 from .audio import SAMPLE_RATE, WINDOW_FRAMES, AudioError, LogMel, utterances, windows
 from .tokens import PromptError, WhisperText
@@ -46,6 +47,8 @@ class Transcription:
     prompts: list[np.ndarray]
     max_new_tokens: list[int]
     ignore_eos: list[bool]
+    #: The request's Triton trace, which its calls to the LLM carry on.
+    trace: Any = None
 
 
 def _transcripts(texts: list[str]) -> pb_utils.InferenceResponse:
@@ -121,7 +124,7 @@ class TritonPythonModel:
                     f"MAX_NEW_TOKENS {cap} is outside 1..{self.max_output_len} (this deployment's max_output_len)"
                 )
         ignore_eos = [bool(flag) for flag in _rows(request, "IGNORE_EOS", rows, False)]
-        return Transcription(found, prompts, caps, ignore_eos)
+        return Transcription(found, prompts, caps, ignore_eos, trace=request.trace())
 
     def _prompt(self, prefix) -> np.ndarray:
         try:
@@ -157,8 +160,8 @@ class TritonPythonModel:
     def _end_id(self, job: Transcription, row: int) -> int:
         return -1 if job.ignore_eos[row] else self.text.end_id  # -1: never stop early
 
-    def _llm_request(self, inputs: list) -> pb_utils.InferenceRequest:
-        return pb_utils.InferenceRequest(model_name=self.llm_model, requested_output_names=LLM_OUTPUTS, inputs=inputs)
+    def _llm_request(self, job: Transcription, inputs: list) -> pb_utils.InferenceRequest:
+        return bls_request(self.llm_model, inputs, LLM_OUTPUTS, job.trace)
 
     # --- offline: every window of the batch at once -----------------------------------------------------------
 
@@ -184,7 +187,7 @@ class TritonPythonModel:
 
     async def _window_text(self, job: Transcription, row: int, window: np.ndarray) -> str:
         inputs = self._llm_inputs(self.log_mel(window), job, row, [], job.max_new_tokens[row])
-        response = await self._llm_request(inputs).async_exec()
+        response = await self._llm_request(job, inputs).async_exec()
         return self.text.transcript(self._new_ids(response))
 
     def _new_ids(self, response) -> list[int]:
@@ -207,7 +210,7 @@ class TritonPythonModel:
         size = self.stream_first_tokens
         while len(said) < job.max_new_tokens[row]:
             wanted = min(size, job.max_new_tokens[row] - len(said))
-            new = self._new_ids(self._llm_request(self._llm_inputs(features, job, row, said, wanted)).exec())
+            new = self._new_ids(self._llm_request(job, self._llm_inputs(features, job, row, said, wanted)).exec())
             said.extend(new)
             yield said
             if len(new) < wanted or end_id in new:  # the window's end token (kept in the output by some engines)

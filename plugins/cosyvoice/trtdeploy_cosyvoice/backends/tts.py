@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -71,6 +72,8 @@ class Synthesis:
     llm_calls: int = 0
     #: The reference and target texts as the prompt reads them (normalised), once worked out.
     prompt_texts: tuple[str, str] | None = None
+    #: The request's Triton trace, which its calls carry on.
+    trace: Any = None
 
 
 def _output(response, name: str) -> np.ndarray:
@@ -180,6 +183,7 @@ class TritonPythonModel:
             max_tokens=max_tokens,
             sampling=read_sampling(request, self.defaults),
             seed=None if seed is None else int(seed),
+            trace=request.trace(),
         )
         return job
 
@@ -203,7 +207,7 @@ class TritonPythonModel:
                 tokens = self._speech_tokens(self._generate(job, prompt, max_tokens, min_tokens))
                 if tokens.size == 0:
                     raise RequestError(self._no_speech(max_tokens))
-                audio = self._audio_offline(voice, tokens, job.seed)
+                audio = self._audio_offline(job, voice, tokens)
                 sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio.reshape(1, -1))]), FINAL)
         except RequestError as exc:
             sender.send(error_response(str(exc), invalid=True), flags=FINAL)
@@ -230,7 +234,8 @@ class TritonPythonModel:
         ]
         # the ensemble runs the tokenizer and the speaker embedding side by side; meanwhile, the reference's mel and
         # the prompt's texts are worked out here
-        self.ahead.start(call_model, "reference_voice", inputs, ["prompt_speech_tokens", "prompt_spk_embedding"])
+        outputs = ["prompt_speech_tokens", "prompt_spk_embedding"]
+        self.ahead.start(call_model, "reference_voice", inputs, outputs, job.trace)
         features = self.mel.features(job.wav)
         self._prompt_texts(job, reference_text)
         try:
@@ -310,6 +315,7 @@ class TritonPythonModel:
             segment=job.llm_calls,
             seed_per_segment=self.seed_per_segment,
             extra=extra,
+            trace=job.trace,
         )
         job.llm_calls += 1
         return ids
@@ -324,7 +330,9 @@ class TritonPythonModel:
             tokens.append(token)
         return np.array(tokens, dtype=np.int32)
 
-    def _token2wav(self, voice: Voice, tokens: np.ndarray, extra: list, outputs: list[str], seed: int | None = None):
+    def _token2wav(
+        self, job: Synthesis, voice: Voice, tokens: np.ndarray, extra: list, outputs: list[str], seed: int | None = None
+    ):
         """``token2wav`` on the voice's prompt; CosyVoice2's vocoder noise drawn from ``seed`` when given."""
         if seed is not None and self.generation == "cosyvoice2":
             extra = [*extra, row_tensor("random_seed", [seed], np.uint64)]
@@ -335,23 +343,23 @@ class TritonPythonModel:
             row_tensor("prompt_spk_embedding", voice.embedding, np.float16),
             *extra,
         ]
-        return call_model("token2wav", inputs, outputs)
+        return call_model("token2wav", inputs, outputs, job.trace)
 
-    def _vocode(self, mel: np.ndarray, finalize: bool) -> np.ndarray:
+    def _vocode(self, job: Synthesis, mel: np.ndarray, finalize: bool) -> np.ndarray:
         inputs = [pb_utils.Tensor("mel", mel[None].astype(np.float32)), row_tensor("finalize", [finalize], np.bool_)]
-        return _output(call_model("vocoder", inputs, ["tts_speech"]), "tts_speech").reshape(-1)
+        return _output(call_model("vocoder", inputs, ["tts_speech"], job.trace), "tts_speech").reshape(-1)
 
-    def _audio_offline(self, voice: Voice, tokens: np.ndarray, seed: int | None) -> np.ndarray:
+    def _audio_offline(self, job: Synthesis, voice: Voice, tokens: np.ndarray) -> np.ndarray:
         if self.generation == "cosyvoice2":
-            return _output(self._token2wav(voice, tokens, [], ["waveform"], seed), "waveform").reshape(-1)
-        mel = _output(self._token2wav(voice, tokens, [], ["mel"]), "mel")
-        return self._vocode(mel.reshape(mel.shape[-2:]), finalize=True)
+            return _output(self._token2wav(job, voice, tokens, [], ["waveform"], job.seed), "waveform").reshape(-1)
+        mel = _output(self._token2wav(job, voice, tokens, [], ["mel"]), "mel")
+        return self._vocode(job, mel.reshape(mel.shape[-2:]), finalize=True)
 
     def _stream(self, job: Synthesis, voice: Voice, prompt, min_tokens: int, max_tokens: int, sender) -> None:
         """Ask the LLM for the tokens of the next chunk, turn what is ready into audio, send; until the LLM ends
         or the cap is reached, then the rest of the audio and an empty final response. After the first chunk, the LLM
         makes the next chunk's tokens while token2wav turns the last chunk's into audio."""
-        stream = _ChunkStream(self, voice, job.seed)
+        stream = _ChunkStream(self, job, voice)
 
         def send(audio: np.ndarray) -> None:
             if audio.size:
@@ -398,8 +406,8 @@ class _ChunkStream:
     its new frames from the offset on, then the vocoder (CosyVoice2: with the state of the chunk before;
     CosyVoice3: over all frames so far, keeping the samples not sent yet)."""
 
-    def __init__(self, model: TritonPythonModel, voice: Voice, seed: int | None):
-        self.model, self.voice, self.seed = model, voice, seed
+    def __init__(self, model: TritonPythonModel, job: Synthesis, voice: Voice):
+        self.model, self.job, self.voice = model, job, voice
         self.calls = 0
         self.offset = 0  # tokens whose audio has gone out (or is held back by the vocoder)
         self.cache: list[pb_utils.Tensor] = []  # CosyVoice2's vocoder state, as token2wav answered it
@@ -418,16 +426,16 @@ class _ChunkStream:
         extra = [row_tensor("token_offset", [self.offset], np.int32), row_tensor("finalize", [finalize], np.bool_)]
         if self.model.generation == "cosyvoice2":
             names = ["waveform", "cache_mel", "cache_source", "cache_speech"]
-            seed = None if self.seed is None else segment_seed(self.seed, self.calls)  # fresh noise per chunk
+            seed = None if self.job.seed is None else segment_seed(self.job.seed, self.calls)  # fresh noise per chunk
             self.calls += 1
             response = self.model._token2wav(
-                self.voice, tokens, extra + self.cache, names if not finalize else names[:1], seed
+                self.job, self.voice, tokens, extra + self.cache, names if not finalize else names[:1], seed
             )
             if not finalize:
                 self.cache = [pb_utils.Tensor(name, _output(response, name)) for name in names[1:]]
             return _output(response, "waveform").reshape(-1)
-        mel = _output(self.model._token2wav(self.voice, tokens, extra, ["mel"]), "mel")
+        mel = _output(self.model._token2wav(self.job, self.voice, tokens, extra, ["mel"]), "mel")
         self.mels.append(mel.reshape(mel.shape[-2:]))
-        audio = self.model._vocode(np.concatenate(self.mels, axis=1), finalize=finalize)
+        audio = self.model._vocode(self.job, np.concatenate(self.mels, axis=1), finalize=finalize)
         new, self.sent = audio[self.sent :], audio.size
         return new

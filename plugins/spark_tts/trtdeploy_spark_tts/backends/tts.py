@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -61,6 +62,8 @@ class Synthesis:
     sampling: Sampling
     seed: int | None
     stream_format: StreamFormat
+    #: The request's Triton trace, which its calls carry on.
+    trace: Any = None
 
 
 class TritonPythonModel:
@@ -144,6 +147,7 @@ class TritonPythonModel:
             sampling=read_sampling(request, self.defaults),
             seed=None if seed is None else int(seed),
             stream_format=stream_format or self.stream_format,
+            trace=request.trace(),
         )
         if self.decoupled and job.stream_format == "overlapped" and not self.overlap_samples:
             raise RequestError(
@@ -163,7 +167,7 @@ class TritonPythonModel:
                 codes = self.codec.semantic_codes(self._generate(job, prompt, job.max_tokens))
                 if codes.size == 0:
                     raise RequestError(self._no_speech(job))
-                audio = self._vocode(global_codes, codes)
+                audio = self._vocode(job, global_codes, codes)
                 sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio.reshape(1, -1))]), FINAL)
         except RequestError as exc:
             sender.send(error_response(str(exc), invalid=True), flags=FINAL)
@@ -183,6 +187,7 @@ class TritonPythonModel:
                 row_tensor("reference_wav_len", [job.wav.size], np.int32),
             ],
             ["global_tokens", "semantic_tokens"],
+            job.trace,
         )
         global_codes = pb_utils.get_output_tensor_by_name(response, "global_tokens").as_numpy().reshape(-1)
         semantic = pb_utils.get_output_tensor_by_name(response, "semantic_tokens").as_numpy().reshape(-1)
@@ -226,12 +231,13 @@ class TritonPythonModel:
                 row_tensor("end_id", [self.codec.eos_id], np.int32),
                 row_tensor("pad_id", [self.codec.pad_id], np.int32),
             ],
+            trace=job.trace,
         )
         return ids.astype(np.int32)
 
     def _stream(self, job: Synthesis, global_codes: np.ndarray, prompt: np.ndarray, sender) -> None:
         """Ask the LLM for the tokens of the next chunk, vocode, send; until it ends or the cap is reached."""
-        stream = AudioStream(self.schedule, lambda chunk: self._vocode(global_codes, chunk))
+        stream = AudioStream(self.schedule, lambda chunk: self._vocode(job, global_codes, chunk))
         overlapped = OverlappedChunks(self.overlap_samples) if job.stream_format == "overlapped" else None
 
         def send(audio: np.ndarray) -> None:
@@ -254,11 +260,12 @@ class TritonPythonModel:
             send(rest)
         sender.send(flags=FINAL)
 
-    def _vocode(self, global_codes: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    def _vocode(self, job: Synthesis, global_codes: np.ndarray, codes: np.ndarray) -> np.ndarray:
         response = call_model(
             "vocoder",
             [row_tensor("global_tokens", global_codes, np.int32), row_tensor("semantic_tokens", codes, np.int32)],
             ["waveform"],
+            job.trace,
         )
         return pb_utils.get_output_tensor_by_name(response, "waveform").as_numpy().reshape(-1)
 

@@ -20,10 +20,7 @@ the speech tokenizer, the speaker encoder, token2wav (and CosyVoice3's vocoder),
 statistics time only the hand-off to its decode loop) and the entry's own work (text normalisation and prompt mel, a
 few ms).
 
-With ``--timeline`` the server traces every request (Triton's trace, which the entry passes on to the models it
-calls) and each level is followed by where its requests' time went, medians per request: the first chunk, and per
-model called its calls, time, queueing and time before the first chunk; ``rest`` is the entry's own work and its
-waits on the LLM (whose trace ends when its decode loop takes the request).
+With ``--timeline`` each level is followed by where its requests' time went (see served_timeline.py).
 
     python bench/cosyvoice_serving.py [--generation cosyvoice2] [--concurrency 1,2,4,8,16] [--size tiny] [--timeline]
 """
@@ -35,8 +32,8 @@ import json
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
+from served_timeline import level_timeline, print_timelines, trace_arguments
 from spark_tts_serving import stage_ms
 from trtdeploy_cosyvoice.checkpoint import write_random_checkpoint
 
@@ -44,7 +41,6 @@ from trtdeploy.benchmark import PerfSettings, benchmark
 from trtdeploy.build import BuildRequest
 from trtdeploy.build import run as build
 from trtdeploy.perf.runner import LoadSettings
-from trtdeploy.perf.timeline import read_traces, summarize, timelines
 from trtdeploy.perf.workload import RequestOptions
 from trtdeploy.server import launch
 
@@ -163,7 +159,9 @@ def main() -> None:
                 capacity = concurrency
     if args.timeline:  # the server has written its traces on the way out
         for level, window in zip(rows, windows, strict=True):
-            level[1]["timeline"] = level_timeline(trace_file, generation, *window)
+            mode, _, start, end = window
+            entry = generation if mode == "streaming" else f"{generation}_offline"
+            level[1]["timeline"] = level_timeline(trace_file, entry, start, end)
         print_timelines(rows)
     at_least = "at least " if search and capacity == search[-1] else ""
     print(
@@ -177,38 +175,6 @@ def main() -> None:
     levels_out = [dict(level, mode=mode) for mode, level in rows]
     (work / "summary.json").write_text(json.dumps({"capacity": capacity, "levels": levels_out}, indent=2))
     print(f"levels: {work / 'summary.json'}")
-
-
-def trace_arguments(trace_file: Path) -> tuple[str, ...]:
-    """tritonserver's arguments tracing every request's timestamps into ``trace_file`` (written on exit)."""
-    trace_file.parent.mkdir(parents=True, exist_ok=True)
-    settings = ("mode=triton", f"triton,file={trace_file}", "level=TIMESTAMPS", "rate=1", "count=-1")
-    return tuple(part for setting in settings for part in ("--trace-config", setting))
-
-
-def level_timeline(trace_file: Path, generation: str, mode: str, concurrency: int, start: int, end: int) -> dict:
-    """The medians of the level's requests (its warm-up requests included: they ran in its window)."""
-    entry = generation if mode == "streaming" else f"{generation}_offline"
-    found = timelines(read_traces(sorted(trace_file.parent.glob(trace_file.name + "*"))))
-    return summarize([t for t in found if t.model == entry and start <= t.start <= end])
-
-
-def print_timelines(rows: list[tuple[str, dict]]) -> None:
-    print("where the time went (medians per request, ms; each model: calls, time, of it queued, before the 1st chunk)")
-    for mode, level in rows:
-        timeline: dict[str, Any] = level["timeline"]
-        if not timeline["requests"]:
-            continue
-        parts = [
-            f"{name} {m['calls']:g}x {m['ms']:.1f} (q {m['queue_ms']:.1f}, 1st {m['before_first_ms']:.1f})"
-            for name, m in timeline["models"].items()
-        ]
-        print(
-            f"  {mode:<10} {level['concurrency']:>4}: latency {timeline['latency_ms']:.1f}, 1st response "
-            f"{timeline['first_response_ms']:.1f} | " + " | ".join(parts) + f" | rest {timeline['rest_ms']:.1f} "
-            f"(1st {timeline['rest_before_first_ms']:.1f})",
-            flush=True,
-        )
 
 
 def print_header(models: tuple[str, ...]) -> None:

@@ -11,15 +11,19 @@ Each mode runs on a deployment built in that mode (offline: `spark_tts` on a non
 the aggregate RTF (wall time / audio seconds), the average and p50 latency, the first-chunk p50 (streaming), and
 where the time went: the server time per request of audio_tokenizer and vocoder, and the rest (the LLM).
 
-    python bench/spark_tts_serving.py [--concurrency 1,2,4,8,16] [--modes offline,streaming] [--size tiny]
+With ``--timeline`` each level is followed by where its requests' time went (see served_timeline.py).
+
+    python bench/spark_tts_serving.py [--concurrency 1,2,4,8,16] [--modes offline,streaming] [--size tiny] [--timeline]
 """
 
 from __future__ import annotations
 
 import argparse
 import tempfile
+import time
 from pathlib import Path
 
+from served_timeline import level_timeline, print_timelines, trace_arguments
 from trtdeploy_spark_tts.checkpoint import write_random_checkpoint
 
 from trtdeploy.benchmark import PerfSettings, benchmark
@@ -78,6 +82,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--temperature", type=float, default=None, help="per request (0: greedy); default: the build's")
     parser.add_argument("-o", "--option", action="append", default=[], help="model setting KEY=VALUE for the builds")
+    parser.add_argument("--timeline", action="store_true", help="trace the requests: each level's time per model")
     args = parser.parse_args()
     levels = tuple(int(c) for c in args.concurrency.split(","))
     stream_levels = tuple(int(c) for c in (args.stream_concurrency or args.concurrency).split(","))
@@ -99,25 +104,33 @@ def main() -> None:
             )
         ).deployment
         log = work / f"tritonserver-{mode}.log"
-        with launch(deployment.model_repo, models=deployment.models, log_file=log) as server:
+        trace_file = work / f"trace-{mode}" / "trace.json"
+        windows = []  # per level: its start and end on the monotonic clock
+        with launch(
+            deployment.model_repo,
+            models=deployment.models,
+            log_file=log,
+            extra_args=trace_arguments(trace_file) if args.timeline else (),
+        ) as server:
             print(f"{mode}: {deployment.path} ({deployment.point.gpu}, {deployment.point.precision})", flush=True)
-            run = benchmark(
-                PerfSettings(
-                    deployment=deployment.path,
-                    url=server.grpc_url,
-                    load=LoadSettings(
-                        concurrency=stream_levels if mode == "streaming" else levels,
-                        num_requests=args.requests,
-                        timeout_s=120,
+            for concurrency in stream_levels if mode == "streaming" else levels:
+                start = time.monotonic_ns()
+                run = benchmark(
+                    PerfSettings(
+                        deployment=deployment.path,
+                        url=server.grpc_url,
+                        load=LoadSettings(concurrency=(concurrency,), num_requests=args.requests, timeout_s=120),
+                        output_dir=work / f"perf-{mode}-{concurrency}",
+                        plots=False,
+                        options=RequestOptions(temperature=args.temperature),
                     ),
-                    output_dir=work / f"perf-{mode}",
-                    plots=False,
-                    options=RequestOptions(temperature=args.temperature),
-                ),
-                progress=PrintProgress(),
-            )
-            for level in run.summary["levels"]:
-                rows.append((mode, level))
+                    progress=PrintProgress(),
+                )
+                windows.append((start, time.monotonic_ns()))
+                rows += [(mode, level) for level in run.summary["levels"]]
+        if args.timeline:  # the server has written its traces on the way out
+            for (_, level), (start, end) in zip(rows[-len(windows) :], windows, strict=True):
+                level["timeline"] = level_timeline(trace_file, "spark_tts", start, end)
     columns = (*STAGES, "llm_and_rest")
     header = "mode       conc  req  err  audio_s  RTF     avg_ms   p50_ms   1st_p50  " + "  ".join(
         f"{stage}_ms" for stage in columns
@@ -132,6 +145,8 @@ def main() -> None:
             f"{level['e2e_ms']['p50']:>8.1f} {first:>8.1f}  "
             + "  ".join(f"{stages.get(stage, float('nan')):>{len(stage) + 3}.1f}" for stage in columns)
         )
+    if args.timeline:
+        print_timelines(rows)
     print("official L20 (TRT-LLM, 26 requests): avg ms / first chunk p50 ms / RTF")
     for mode, table in OFFICIAL_L20.items():
         for conc, (avg, first, rtf) in table.items():

@@ -20,7 +20,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from transformers import AutoTokenizer
 
-from trtdeploy.backend_utils import ModelParameters, bls_request
+from trtdeploy.backend_utils import ModelParameters
 from trtdeploy.text_llm.detokenize import TokenizerText
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -54,7 +54,10 @@ class TritonPythonModel:
     def execute(self, requests):
         if self.decoupled:
             for request in requests:
-                llm_request = bls_request(self.llm_model, request.inputs(), self.llm_outputs, request.trace())
+                # no request.trace(): the call runs after execute returns, when the request (and its trace) is released
+                llm_request = pb_utils.InferenceRequest(
+                    model_name=self.llm_model, inputs=request.inputs(), requested_output_names=self.llm_outputs
+                )
                 threading.Thread(
                     target=self._stream, args=(llm_request, request.get_response_sender()), daemon=True
                 ).start()

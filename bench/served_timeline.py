@@ -1,0 +1,45 @@
+"""``--timeline`` of the serving benches: the server traces every request (Triton's trace, which the entry models
+pass on to the models they call), and each level is then shown as where its requests' time went, medians per
+request: the first response, and per model called its calls, time, queueing and time before the first response;
+``rest`` is the entry's own work and its waits on the LLM (whose trace ends when its decode loop takes the request).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trtdeploy.perf.timeline import read_traces, summarize, timelines
+
+
+def trace_arguments(trace_file: Path) -> tuple[str, ...]:
+    """tritonserver's arguments tracing every request's timestamps into ``trace_file`` (written on exit)."""
+    trace_file.parent.mkdir(parents=True, exist_ok=True)
+    settings = ("mode=triton", f"triton,file={trace_file}", "level=TIMESTAMPS", "rate=1", "count=-1")
+    return tuple(part for setting in settings for part in ("--trace-config", setting))
+
+
+def level_timeline(trace_file: Path, entry: str, start: int, end: int) -> dict[str, Any]:
+    """The medians of the requests to ``entry`` that started between ``start`` and ``end`` (``time.monotonic_ns``,
+    Triton's clock; a level's warm-up requests run in its window)."""
+    found = timelines(read_traces(sorted(trace_file.parent.glob(trace_file.name + "*"))))
+    return summarize([t for t in found if t.model == entry and start <= t.start <= end])
+
+
+def print_timelines(rows: list[tuple[str, dict]]) -> None:
+    """One line per level of ``(mode, level)`` rows whose level has a ``timeline``."""
+    print("where the time went (medians per request, ms; per model: calls, time, of it queued, before 1st response)")
+    for mode, level in rows:
+        timeline: dict[str, Any] = level["timeline"]
+        if not timeline["requests"]:
+            continue
+        parts = [
+            f"{name} {m['calls']:g}x {m['ms']:.1f} (q {m['queue_ms']:.1f}, 1st {m['before_first_ms']:.1f})"
+            for name, m in timeline["models"].items()
+        ]
+        print(
+            f"  {mode:<10} {level['concurrency']:>4}: latency {timeline['latency_ms']:.1f}, 1st response "
+            f"{timeline['first_response_ms']:.1f} | " + " | ".join(parts) + f" | rest {timeline['rest_ms']:.1f} "
+            f"(1st {timeline['rest_before_first_ms']:.1f})",
+            flush=True,
+        )

@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from served_timeline import level_timeline, print_timelines, trace_arguments
+from served_timeline import level_timeline, print_timelines, trace_arguments, traced
 from spark_tts_serving import stage_ms
 from trtdeploy_cosyvoice.checkpoint import write_random_checkpoint
 
@@ -158,10 +158,11 @@ def main() -> None:
                     break
                 capacity = concurrency
     if args.timeline:  # the server has written its traces on the way out
+        found = traced(trace_file)
         for level, window in zip(rows, windows, strict=True):
             mode, _, start, end = window
             entry = generation if mode == "streaming" else f"{generation}_offline"
-            level[1]["timeline"] = level_timeline(trace_file, entry, start, end)
+            level[1]["timeline"] = level_timeline(found, entry, start, end)
         print_timelines(rows)
     at_least = "at least " if search and capacity == search[-1] else ""
     print(

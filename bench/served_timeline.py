@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trtdeploy.perf.timeline import read_traces, summarize, timelines
+from trtdeploy.perf.timeline import Timeline, read_traces, summarize, timelines
 
 
 def trace_arguments(trace_file: Path) -> tuple[str, ...]:
@@ -19,10 +19,14 @@ def trace_arguments(trace_file: Path) -> tuple[str, ...]:
     return tuple(part for setting in settings for part in ("--trace-config", setting))
 
 
-def level_timeline(trace_file: Path, entry: str, start: int, end: int) -> dict[str, Any]:
+def traced(trace_file: Path) -> list[Timeline]:
+    """The timelines of every request the server traced into ``trace_file``."""
+    return timelines(read_traces(sorted(trace_file.parent.glob(trace_file.name + "*"))))
+
+
+def level_timeline(found: list[Timeline], entry: str, start: int, end: int) -> dict[str, Any]:
     """The medians of the requests to ``entry`` that started between ``start`` and ``end`` (``time.monotonic_ns``,
     Triton's clock; a level's warm-up requests run in its window)."""
-    found = timelines(read_traces(sorted(trace_file.parent.glob(trace_file.name + "*"))))
     return summarize([t for t in found if t.model == entry and start <= t.start <= end])
 
 

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from served_timeline import level_timeline, print_timelines, trace_arguments
+from served_timeline import level_timeline, print_timelines, trace_arguments, traced
 from trtdeploy_spark_tts.checkpoint import write_random_checkpoint
 
 from trtdeploy.benchmark import PerfSettings, benchmark
@@ -105,7 +105,7 @@ def main() -> None:
         ).deployment
         log = work / f"tritonserver-{mode}.log"
         trace_file = work / f"trace-{mode}" / "trace.json"
-        windows = []  # per level: its start and end on the monotonic clock
+        windows = []  # per level: the level and its start and end on the monotonic clock
         with launch(
             deployment.model_repo,
             models=deployment.models,
@@ -126,11 +126,13 @@ def main() -> None:
                     ),
                     progress=PrintProgress(),
                 )
-                windows.append((start, time.monotonic_ns()))
-                rows += [(mode, level) for level in run.summary["levels"]]
+                (level,) = run.summary["levels"]
+                windows.append((level, start, time.monotonic_ns()))
+                rows.append((mode, level))
         if args.timeline:  # the server has written its traces on the way out
-            for (_, level), (start, end) in zip(rows[-len(windows) :], windows, strict=True):
-                level["timeline"] = level_timeline(trace_file, "spark_tts", start, end)
+            found = traced(trace_file)
+            for level, start, end in windows:
+                level["timeline"] = level_timeline(found, "spark_tts", start, end)
     columns = (*STAGES, "llm_and_rest")
     header = "mode       conc  req  err  audio_s  RTF     avg_ms   p50_ms   1st_p50  " + "  ".join(
         f"{stage}_ms" for stage in columns

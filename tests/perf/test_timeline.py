@@ -61,8 +61,9 @@ def test_medians_count_requests_without_a_call_and_a_cut_file_is_read_to_its_las
     ]
     path = tmp_path / "trace.json"
     text = json.dumps(ENTRIES + second)
-    path.write_text(text[: text.rfind("{")].rstrip().rstrip(","))  # Triton stopped mid-entry
-    found = timelines(read_traces([path]))
+    path.write_text(text[: text.rfind("}]") + 1])  # Triton stopped mid-entry, just after an inner object
+    (tmp_path / "started.json").write_text("[")
+    found = timelines(read_traces([path, tmp_path / "started.json"]))
     assert [t.first_response for t in found] == [60 * MS, 240 * MS]  # the offline one answers at its end
     summary = summarize(found)
     assert summary["requests"] == 2

@@ -72,15 +72,19 @@ class Timeline:
 def read_traces(paths: Iterable[Path]) -> list[dict[str, Any]]:
     """The entries of Triton's trace files (each a JSON array; a file cut short by a crash is read up to its last
     whole entry)."""
+    decoder = json.JSONDecoder()
     entries: list[dict[str, Any]] = []
     for path in paths:
-        text = Path(path).read_text().strip()
-        if not text:
-            continue
-        try:
-            entries += json.loads(text)
-        except json.JSONDecodeError:  # an unfinished array: keep the entries written whole
-            entries += json.loads(text[: text.rfind("}") + 1] + "]")
+        text = Path(path).read_text()
+        position = text.find("[") + 1
+        while position:
+            while position < len(text) and text[position] in " \t\r\n,":
+                position += 1
+            try:
+                entry, position = decoder.raw_decode(text, position)
+            except json.JSONDecodeError:  # the array's end, or an entry cut short
+                break
+            entries.append(entry)
     return entries
 
 

@@ -123,6 +123,16 @@ def test_streamed_chunks_join_to_the_offline_length_and_stay_close_to_it(served)
     assert difference < 0.4
 
 
+@pytest.mark.parametrize(("cap", "chunks"), [(13, 2), (33, 3), (40, 3)])
+def test_a_cap_on_a_chunk_boundary_still_sends_that_chunk_then_the_rest(served, cap, chunks):
+    """Chunks of 10, 20, 20 tokens, each once its 3 read-ahead tokens are there: a cap of 13 or 33 tokens completes a
+    chunk (sent), and the last call brings the 3 tokens read ahead; a cap of 40 ends between chunks."""
+    generation, url, _ = served
+    audio = streamed(url, generation, tts_inputs(voice(1.5), max_tokens=(cap, "INT32"), random_seed=(2, "UINT64")))
+    assert len(audio) == chunks and all(chunk.size for chunk in audio)
+    assert sum(chunk.size for chunk in audio) == cap * SAMPLES_PER_TOKEN
+
+
 def test_a_registered_voice_speaks_as_the_reference_did(served):
     generation, url, _ = served
     wav = voice(2.5, seed=3)

@@ -70,6 +70,9 @@ class CosyVoiceOptions:
     first_chunk_tokens: int = 15
     chunk_growth: float = 2.0
     max_chunk_tokens: int = 100
+    #: Streaming: after the first chunk, the LLM makes the next chunk's tokens while token2wav makes the last one's
+    #: audio (two BLS calls at once from one entry instance); false: one after the other.
+    stream_overlap: bool = True
     #: Instances of the BLS entry (each serves one request at a time); 0: --max-batch-size.
     bls_instances: int = 0
     #: Instances of ``<entry>_offline`` in a streaming deployment; 0: bls_instances.
@@ -220,6 +223,12 @@ class CosyVoice(ModelSpec):
                 "for each chunk's tokens by a non-decoupled call (the prompt plus the tokens so far), so the "
                 "decoupled-LLM hang cannot happen: the official CosyVoice2 streaming's decoupled tensorrt_llm model "
                 "stops generating after the first streamed request (CosyVoice issue 1866)"
+                + (
+                    "; after the first chunk, the LLM makes the next chunk's tokens while token2wav makes the last "
+                    "one's audio"
+                    if options["stream_overlap"]
+                    else ""
+                )
                 + (
                     ", which the official CosyVoice3 runtime avoids by serving its LLM with trtllm-serve"
                     if self.name == "cosyvoice3"

@@ -108,6 +108,7 @@ class TritonPythonModel:
         self.first_chunk = params.int("first_chunk_tokens")
         self.chunk_growth = params.float("chunk_growth")
         self.max_chunk = params.int("max_chunk_tokens")
+        self.stream_overlap = params.bool("stream_overlap")
         llm_dir = params.str("llm_dir")
         from tokenizers import Tokenizer
 
@@ -357,8 +358,8 @@ class TritonPythonModel:
 
     def _stream(self, job: Synthesis, voice: Voice, prompt, min_tokens: int, max_tokens: int, sender) -> None:
         """Ask the LLM for the tokens of the next chunk, turn what is ready into audio, send; until the LLM ends
-        or the cap is reached, then the rest of the audio and an empty final response. After the first chunk, the LLM
-        makes the next chunk's tokens while token2wav turns the last chunk's into audio."""
+        or the cap is reached, then the rest of the audio and an empty final response. With ``stream_overlap``, after
+        the first chunk the LLM makes the next chunk's tokens while token2wav turns the last chunk's into audio."""
         stream = _ChunkStream(self, job, voice)
 
         def send(audio: np.ndarray) -> None:
@@ -366,28 +367,32 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("waveform", audio.reshape(1, -1))]))
 
         def ask(said: np.ndarray, have: int, upto: int) -> int:
-            """Start the LLM on the tokens up to ``upto`` (capped), ``have`` being said; how many it was asked."""
-            wanted = min(max_tokens - have, upto - have)
-            self.ahead.start(self._generate, job, said, wanted, min(wanted, max(0, min_tokens - have)))
-            return wanted
+            """Start the LLM on the tokens up to ``upto`` (at most ``max_tokens``), ``have`` being said; how many it
+            was asked for (0: none left, nothing started)."""
+            wanted = min(max_tokens, upto) - have
+            if wanted > 0:
+                self.ahead.start(self._generate, job, said, wanted, min(wanted, max(0, min_tokens - have)))
+            return max(wanted, 0)
 
         said, tokens, hop = prompt, np.zeros(0, dtype=np.int32), self.first_chunk
         wanted = ask(said, 0, hop + LOOKAHEAD_TOKENS)
-        while True:
+        while wanted:
             ids = self.ahead.result()
             said = np.concatenate([said, ids.astype(np.int32)])
             new = self._speech_tokens(ids)
             tokens = np.concatenate([tokens, new])
-            if new.size < ids.size or ids.size < wanted or tokens.size >= max_tokens or sender.is_cancelled():
+            if new.size < ids.size or ids.size < wanted or sender.is_cancelled():
                 break
-            # the LLM asked for exactly this chunk's tokens and its read-ahead: the chunk is ready
+            if tokens.size < stream.offset + hop + LOOKAHEAD_TOKENS:  # the cap came first: the last call has the rest
+                break
             next_hop = min(self.max_chunk, int(hop * self.chunk_growth))
-            if stream.offset == 0:  # alone: beside the LLM on the GPU, the first chunk would wait for it
+            upto = stream.offset + hop + next_hop + LOOKAHEAD_TOKENS
+            if self.stream_overlap and stream.offset > 0:  # the next chunk's tokens come while this one is made
+                wanted = ask(said, tokens.size, upto)
                 send(stream.chunk(tokens, hop))
-                wanted = ask(said, tokens.size, stream.offset + next_hop + LOOKAHEAD_TOKENS)
-            else:  # the next chunk's tokens come while this one is made
-                wanted = ask(said, tokens.size, stream.offset + hop + next_hop + LOOKAHEAD_TOKENS)
+            else:  # the first chunk alone: beside the LLM on the GPU it would wait for it
                 send(stream.chunk(tokens, hop))
+                wanted = ask(said, tokens.size, upto)
             hop = next_hop
         if sender.is_cancelled():  # the client has gone: no audio for it
             sender.send(flags=FINAL)

@@ -624,13 +624,16 @@ class Generator:
     def _ban_ahead(self, sequences: list[_Sequence]) -> None:
         """Set the bans of the step about to be queued, counting the token the step in flight gives each sequence
         (a lockstep sequence has none in flight: its tokens were read before this step)."""
+        ruled = [sequence for sequence in sequences if sequence.rules]
+        if not ruled:
+            return
         step = self._in_flight
         given = (
             {id(s) for s, dropped in zip(step.sequences, step.dropped, strict=True) if not dropped}
             if step is not None
             else set()
         )
-        for sequence in sequences:
+        for sequence in ruled:
             self._ban(sequence, ahead=int(id(sequence) in given))
 
     def _release(self, sequence: _Sequence) -> None:

@@ -157,7 +157,7 @@ def main() -> None:
                 if not holds(run("streaming", concurrency, max(args.requests, 2 * concurrency))):
                     break
                 capacity = concurrency
-    if args.timeline:  # the server has written its traces on the way out
+    if args.timeline:
         found = traced(trace_file)
         for level, window in zip(rows, windows, strict=True):
             mode, _, start, end = window

@@ -13,9 +13,17 @@ from trtdeploy.perf.timeline import Timeline, read_traces, summarize, timelines
 
 
 def trace_arguments(trace_file: Path) -> tuple[str, ...]:
-    """tritonserver's arguments tracing every request's timestamps into ``trace_file`` (written on exit)."""
+    """tritonserver's arguments tracing every request's timestamps: each request with its calls into a file of its own
+    as it ends (``trace_file``.0, .1, ...), so that none is lost when the server is stopped hard."""
     trace_file.parent.mkdir(parents=True, exist_ok=True)
-    settings = ("mode=triton", f"triton,file={trace_file}", "level=TIMESTAMPS", "rate=1", "count=-1")
+    settings = (
+        "mode=triton",
+        f"triton,file={trace_file}",
+        "triton,log-frequency=1",
+        "level=TIMESTAMPS",
+        "rate=1",
+        "count=-1",
+    )
     return tuple(part for setting in settings for part in ("--trace-config", setting))
 
 

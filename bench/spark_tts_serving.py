@@ -129,7 +129,7 @@ def main() -> None:
                 (level,) = run.summary["levels"]
                 windows.append((level, start, time.monotonic_ns()))
                 rows.append((mode, level))
-        if args.timeline:  # the server has written its traces on the way out
+        if args.timeline:
             found = traced(trace_file)
             for level, start, end in windows:
                 level["timeline"] = level_timeline(found, "spark_tts", start, end)

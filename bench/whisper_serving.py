@@ -10,7 +10,9 @@ Offline levels run on an offline deployment, streamed ones on a streaming deploy
 asked in segments). Each BLS entry runs ``--bls-instances`` instances: an offline one takes a dynamic batch at a
 time, a streaming one a stream.
 
-    python bench/whisper_serving.py [--concurrency 1,4,16,64] [--modes offline,streaming] [--size tiny]
+With ``--timeline`` each level is followed by where its requests' time went (see served_timeline.py).
+
+    python bench/whisper_serving.py [--concurrency 1,4,16,64] [--modes offline,streaming] [--size tiny] [--timeline]
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ import argparse
 import json
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import torch
+from served_timeline import level_timeline, print_timelines, trace_arguments, traced
 from trtdeploy_whisper.checkpoint import write_random_checkpoint
 from whisper_engine import LARGE_V3, SAMPLE_RATE, TINY, draw_lengths, write_checkpoint
 
@@ -71,6 +75,7 @@ def main() -> None:
     parser.add_argument("--size", choices=("large-v3", "tiny"), default="large-v3")
     parser.add_argument("--bls-instances", type=int, default=16, help="instances of each BLS entry (-o bls_instances)")
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--timeline", action="store_true", help="trace the requests: each level's time per model")
     args = parser.parse_args()
     levels = {
         "offline": tuple(int(c) for c in args.concurrency.split(",")),
@@ -97,8 +102,17 @@ def main() -> None:
             )
         ).deployment  # fmt: skip
         log = work / f"tritonserver-{mode}.log"
-        with launch(deployment.model_repo, models=deployment.models, log_file=log, timeout=900) as server:
+        trace_file = work / f"trace-{mode}" / "trace.json"
+        windows = []  # per level: the level and its start and end on the monotonic clock
+        with launch(
+            deployment.model_repo,
+            models=deployment.models,
+            log_file=log,
+            timeout=900,
+            extra_args=trace_arguments(trace_file) if args.timeline else (),
+        ) as server:
             for concurrency in levels[mode]:
+                start = time.monotonic_ns()
                 run = benchmark(
                     PerfSettings(
                         deployment=deployment.path,
@@ -114,8 +128,13 @@ def main() -> None:
                     )
                 )
                 level = run.summary["levels"][0]
+                windows.append((level, start, time.monotonic_ns()))
                 rows.append((mode, level))
                 print(f"  {mode} c={concurrency}: done ({level['errors']} errors)", flush=True)
+        if args.timeline:
+            found = traced(trace_file)
+            for level, start, end in windows:
+                level["timeline"] = level_timeline(found, "whisper_bls", start, end)
     device = torch.cuda.get_device_name() if cuda else "CPU"
     print(
         f"\n{device}, whisper {args.size} (random weights), {args.precision}, torch engine; reports in {work / 'perf'}"
@@ -134,6 +153,8 @@ def main() -> None:
             + (f" {partial['p50']:>16.0f}ms" if partial.get("p50") is not None else f" {'-':>18}")
             + f" {entry.get('avg_queue_ms') or 0:>8.1f} / {entry.get('avg_compute_ms') or 0:>7.1f}ms"
         )
+    if args.timeline:
+        print_timelines(rows)
 
 
 if __name__ == "__main__":

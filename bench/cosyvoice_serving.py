@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from served_timeline import level_timeline, print_timelines, trace_arguments, traced
+from served_timeline import add_timelines, print_timelines, serve
 from spark_tts_serving import stage_ms
 from trtdeploy_cosyvoice.checkpoint import write_random_checkpoint
 
@@ -42,7 +42,6 @@ from trtdeploy.build import BuildRequest
 from trtdeploy.build import run as build
 from trtdeploy.perf.runner import LoadSettings
 from trtdeploy.perf.workload import RequestOptions
-from trtdeploy.server import launch
 
 #: The official CosyVoice2 table (one L20, TensorRT-LLM, 26 requests): concurrency -> (first chunk p50 ms, RTF).
 OFFICIAL_L20 = {
@@ -117,30 +116,28 @@ def main() -> None:
     ).deployment
     print(f"built {deployment.path} ({deployment.point.gpu}, {deployment.point.precision}) at {clock()}", flush=True)
     rows: list[tuple[str, dict]] = []
-    windows: list[tuple[str, int, int, int]] = []  # (mode, concurrency, start, end) on the monotonic clock
+    windows: list[tuple[dict, str, int, int]] = []  # per level: the level, its entry, its start and end
     models = stages(generation)
-    trace_file = work / "trace" / "trace.json"
-    trace_args = trace_arguments(trace_file) if args.timeline else ()
-    with launch(
-        deployment.model_repo, models=deployment.models, log_file=work / "tritonserver.log", extra_args=trace_args
-    ) as server:
+    served, trace_file = serve(deployment, work / "tritonserver.log", timeline=args.timeline)
+    with served as server:
         print(f"serving at {clock()}", flush=True)
         print_header(models)
 
         def run(mode: str, concurrency: int, requests: int) -> dict:
             start = time.monotonic_ns()
+            entry = generation if mode == "streaming" else f"{generation}_offline"
             (level,) = benchmark(
                 PerfSettings(
                     deployment=deployment.path,
                     url=server.grpc_url,
-                    model=generation if mode == "streaming" else f"{generation}_offline",
+                    model=entry,
                     load=LoadSettings(concurrency=(concurrency,), num_requests=requests, timeout_s=300),
                     output_dir=work / f"perf-{mode}-{concurrency}",
                     plots=False,
                     options=RequestOptions(),
                 )
             ).summary["levels"]
-            windows.append((mode, concurrency, start, time.monotonic_ns()))
+            windows.append((level, entry, start, time.monotonic_ns()))
             rows.append((mode, level))
             print_row(mode, level, models)
             return level
@@ -158,11 +155,7 @@ def main() -> None:
                     break
                 capacity = concurrency
     if args.timeline:
-        found = traced(trace_file)
-        for level, window in zip(rows, windows, strict=True):
-            mode, _, start, end = window
-            entry = generation if mode == "streaming" else f"{generation}_offline"
-            level[1]["timeline"] = level_timeline(found, entry, start, end)
+        add_timelines(trace_file, windows)
         print_timelines(rows)
     at_least = "at least " if search and capacity == search[-1] else ""
     print(

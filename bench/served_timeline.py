@@ -9,7 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trtdeploy.perf.timeline import Timeline, read_traces, summarize, timelines
+from trtdeploy.deployment import Deployment
+from trtdeploy.perf.timeline import read_traces, summarize, timelines
+from trtdeploy.server import launch
 
 
 def trace_arguments(trace_file: Path) -> tuple[str, ...]:
@@ -27,15 +29,21 @@ def trace_arguments(trace_file: Path) -> tuple[str, ...]:
     return tuple(part for setting in settings for part in ("--trace-config", setting))
 
 
-def traced(trace_file: Path) -> list[Timeline]:
-    """The timelines of every request the server traced into ``trace_file``."""
-    return timelines(read_traces(sorted(trace_file.parent.glob(trace_file.name + "*"))))
+def serve(deployment: Deployment, log_file: Path, *, timeline: bool, **kwargs: Any) -> tuple[Any, Path]:
+    """``launch`` for the deployment (a context manager), tracing its requests when ``timeline``; and the trace file,
+    in a folder beside ``log_file``."""
+    trace_file = log_file.parent / f"{log_file.stem}-trace" / "trace.json"
+    extra = trace_arguments(trace_file) if timeline else ()
+    server = launch(deployment.model_repo, models=deployment.models, log_file=log_file, extra_args=extra, **kwargs)
+    return server, trace_file
 
 
-def level_timeline(found: list[Timeline], entry: str, start: int, end: int) -> dict[str, Any]:
-    """The medians of the requests to ``entry`` that started between ``start`` and ``end`` (``time.monotonic_ns``,
-    Triton's clock; a level's warm-up requests run in its window)."""
-    return summarize([t for t in found if t.model == entry and start <= t.start <= end])
+def add_timelines(trace_file: Path, windows: list[tuple[dict, str, int, int]]) -> None:
+    """Give each level of ``windows`` (the level, its entry model, its start and end on ``time.monotonic_ns``, which
+    is Triton's clock) the medians of its requests to the entry (its warm-up requests run in its window too)."""
+    found = timelines(read_traces(sorted(trace_file.parent.glob(trace_file.name + "*"))))
+    for level, entry, start, end in windows:
+        level["timeline"] = summarize([t for t in found if t.model == entry and start <= t.start <= end])
 
 
 def print_timelines(rows: list[tuple[str, dict]]) -> None:

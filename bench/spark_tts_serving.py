@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from served_timeline import level_timeline, print_timelines, trace_arguments, traced
+from served_timeline import add_timelines, print_timelines, serve
 from trtdeploy_spark_tts.checkpoint import write_random_checkpoint
 
 from trtdeploy.benchmark import PerfSettings, benchmark
@@ -31,7 +31,6 @@ from trtdeploy.build import BuildRequest
 from trtdeploy.build import run as build
 from trtdeploy.perf.runner import LoadSettings
 from trtdeploy.perf.workload import RequestOptions
-from trtdeploy.server import launch
 
 STAGES = ("audio_tokenizer", "vocoder")
 #: The official table (one L20, 26 requests, 169 s of audio): concurrency -> (avg latency ms, first chunk p50, RTF).
@@ -103,15 +102,9 @@ def main() -> None:
                 options=dict(item.split("=", 1) for item in args.option),
             )
         ).deployment
-        log = work / f"tritonserver-{mode}.log"
-        trace_file = work / f"trace-{mode}" / "trace.json"
-        windows = []  # per level: the level and its start and end on the monotonic clock
-        with launch(
-            deployment.model_repo,
-            models=deployment.models,
-            log_file=log,
-            extra_args=trace_arguments(trace_file) if args.timeline else (),
-        ) as server:
+        served, trace_file = serve(deployment, work / f"tritonserver-{mode}.log", timeline=args.timeline)
+        windows = []  # per level: the level, its entry, its start and end on the monotonic clock
+        with served as server:
             print(f"{mode}: {deployment.path} ({deployment.point.gpu}, {deployment.point.precision})", flush=True)
             for concurrency in stream_levels if mode == "streaming" else levels:
                 start = time.monotonic_ns()
@@ -127,12 +120,10 @@ def main() -> None:
                     progress=PrintProgress(),
                 )
                 (level,) = run.summary["levels"]
-                windows.append((level, start, time.monotonic_ns()))
+                windows.append((level, "spark_tts", start, time.monotonic_ns()))
                 rows.append((mode, level))
         if args.timeline:
-            found = traced(trace_file)
-            for level, start, end in windows:
-                level["timeline"] = level_timeline(found, "spark_tts", start, end)
+            add_timelines(trace_file, windows)
     columns = (*STAGES, "llm_and_rest")
     header = "mode       conc  req  err  audio_s  RTF     avg_ms   p50_ms   1st_p50  " + "  ".join(
         f"{stage}_ms" for stage in columns

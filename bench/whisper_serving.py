@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import torch
-from served_timeline import level_timeline, print_timelines, trace_arguments, traced
+from served_timeline import add_timelines, print_timelines, serve
 from trtdeploy_whisper.checkpoint import write_random_checkpoint
 from whisper_engine import LARGE_V3, SAMPLE_RATE, TINY, draw_lengths, write_checkpoint
 
@@ -35,7 +35,6 @@ from trtdeploy.build import run as build
 from trtdeploy.perf.report import write_wav
 from trtdeploy.perf.runner import InputSpec, LoadSettings
 from trtdeploy.perf.workload import RequestOptions
-from trtdeploy.server import launch
 
 #: What the served checkpoint takes from the plugin's random one: everything but the weights and their config.
 TOKENIZER_FILES = (
@@ -101,16 +100,9 @@ def main() -> None:
                 options={"bls_instances": str(args.bls_instances)},
             )
         ).deployment  # fmt: skip
-        log = work / f"tritonserver-{mode}.log"
-        trace_file = work / f"trace-{mode}" / "trace.json"
-        windows = []  # per level: the level and its start and end on the monotonic clock
-        with launch(
-            deployment.model_repo,
-            models=deployment.models,
-            log_file=log,
-            timeout=900,
-            extra_args=trace_arguments(trace_file) if args.timeline else (),
-        ) as server:
+        served, trace_file = serve(deployment, work / f"tritonserver-{mode}.log", timeline=args.timeline, timeout=900)
+        windows = []  # per level: the level, its entry, its start and end on the monotonic clock
+        with served as server:
             for concurrency in levels[mode]:
                 start = time.monotonic_ns()
                 run = benchmark(
@@ -128,13 +120,11 @@ def main() -> None:
                     )
                 )
                 level = run.summary["levels"][0]
-                windows.append((level, start, time.monotonic_ns()))
+                windows.append((level, "whisper_bls", start, time.monotonic_ns()))
                 rows.append((mode, level))
                 print(f"  {mode} c={concurrency}: done ({level['errors']} errors)", flush=True)
         if args.timeline:
-            found = traced(trace_file)
-            for level, start, end in windows:
-                level["timeline"] = level_timeline(found, "whisper_bls", start, end)
+            add_timelines(trace_file, windows)
     device = torch.cuda.get_device_name() if cuda else "CPU"
     print(
         f"\n{device}, whisper {args.size} (random weights), {args.precision}, torch engine; reports in {work / 'perf'}"

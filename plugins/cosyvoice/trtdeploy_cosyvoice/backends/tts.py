@@ -9,10 +9,10 @@ with the speech-only ``embedding_bias``, then ``token2wav`` (CosyVoice3: and ``v
 comes back; decoupled (streaming), audio chunks as the speech tokens come, then an empty final response.
 
 Every call is non-decoupled: streaming asks the LLM for one chunk's tokens at a time, with the prompt followed by
-what it said so far (BLS models reading a decoupled model's stream crash the python-backend stub under load), the
-next chunk's while token2wav makes the last one's audio. Each
-instance serves one request at a time. Every failure reaches the client as an error response naming the problem;
-the model keeps serving.
+what it said so far (BLS models reading a decoupled model's stream crash the python-backend stub under load); with
+``stream_overlap`` (the default), after the first chunk the LLM makes the next chunk's tokens while token2wav makes
+the last one's audio. Each instance serves one request at a time. Every failure reaches the client as an error
+response naming the problem; the model keeps serving.
 """
 
 from __future__ import annotations

@@ -144,10 +144,12 @@ def summarize(found: Sequence[Timeline]) -> dict[str, Any]:
             per_model[model].append((count, total, queue, before))
     requests = len(found)
 
-    def median_ms(values: Iterable[float]) -> float:
+    def median(values: Iterable[float]) -> float:
         values = list(values)
-        values += [0.0] * (requests - len(values))  # requests that made no such call
-        return statistics.median(values) / 1e6
+        return statistics.median(values + [0.0] * (requests - len(values)))  # requests that made no such call
+
+    def median_ms(values: Iterable[float]) -> float:
+        return median(values) / 1e6
 
     return {
         "requests": requests,
@@ -157,7 +159,7 @@ def summarize(found: Sequence[Timeline]) -> dict[str, Any]:
         "rest_before_first_ms": median_ms(t.rest_ns(t.first_response) for t in found),
         "models": {
             model: {
-                "calls": statistics.median([row[0] for row in rows] + [0] * (requests - len(rows))),
+                "calls": median(row[0] for row in rows),
                 "ms": median_ms(row[1] for row in rows),
                 "queue_ms": median_ms(row[2] for row in rows),
                 "before_first_ms": median_ms(row[3] for row in rows),

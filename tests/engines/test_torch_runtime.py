@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -24,6 +25,7 @@ from trtdeploy.engines.torch.runtime import (  # noqa: E402
     SlotSampler,
     load_generator,
     response_arrays,
+    sampling,
     special_tokens,
     uniform_noise,
 )
@@ -432,11 +434,11 @@ def test_a_failing_step_fails_its_requests_and_the_loop_goes_on(generator, monke
     real_decode = generator.model.decode
     calls = {"n": 0}
 
-    def flaky(batch, span):
+    def flaky(batch, span, columns):
         calls["n"] += 1
         if calls["n"] == 2:
             raise RuntimeError("boom")
-        return real_decode(batch, span)
+        return real_decode(batch, span, columns)
 
     monkeypatch.setattr(generator.model, "decode", flaky)
     failed = run_all(generator, [greedy(prompts_of([5], seed=15)[0], 8)])[0]
@@ -622,6 +624,66 @@ def test_min_tokens_frees_the_end_tokens_exactly_at_the_minimum(generator, refer
     assert all(end not in sink.tokens for sink in sinks[1:])
     lockstep = run_all(generator, [request(m, bad_words=((end - 1,),)) for m in minimums])
     assert [len(sink.tokens) for sink in lockstep] == minimums
+
+
+def test_bias_columns_are_where_the_bias_is_not_minus_infinity_widened_to_the_grain(monkeypatch):
+    monkeypatch.setattr(sampling, "COLUMN_GRAIN", 64)
+    bias = np.full(512, -np.inf, np.float32)
+    bias[100:300] = 0.5
+    assert sampling.bias_columns(bias, 512) == (64, 320)
+    assert sampling.bias_columns(bias[:400], 512) == (64, 512)  # the columns beyond a short bias are zero
+    bias[450] = np.inf  # a forced token is kept
+    assert sampling.bias_columns(bias, 512) == (64, 512)
+    assert sampling.bias_columns(np.zeros(512, np.float32), 512) is None
+    assert sampling.bias_columns(np.full(512, -np.inf, np.float32), 512) is None
+
+
+def test_a_bias_that_leaves_part_of_the_vocabulary_decodes_only_those_columns_and_chooses_the_same(
+    generator, monkeypatch
+):
+    """Speech requests (a bias of -inf outside their tokens) sampled with every rule CosyVoice uses give the same
+    tokens when the steps compute only the bias's columns as when the bias is finite everywhere (no columns), and
+    the steps take the columns only while every running sequence has them."""
+    monkeypatch.setattr(sampling, "COLUMN_GRAIN", 64)
+    seen = []
+    real_decode = generator.model.decode
+
+    def recording(batch, span, columns):
+        seen.append(columns)
+        return real_decode(batch, span, columns)
+
+    monkeypatch.setattr(generator.model, "decode", recording)
+    speech = np.full(512, -np.inf, np.float32)
+    speech[256:448] = np.random.default_rng(0).normal(0, 1, 192).astype(np.float32)
+    other = np.full(512, -np.inf, np.float32)
+    other[64:200] = 0.0
+    settings = SamplingParams(temperature=0.8, top_k=50, top_p=0.95, repetition_penalty=1.1, seed=7)
+
+    prompts = prompts_of([5, 9, 3], seed=40)
+
+    def requests(bias_of):
+        return [
+            GenerationRequest(
+                [prompt], 24, end_id=300, min_tokens=5, embedding_bias=bias_of(bias), sampling=replace(settings, seed=i)
+            )
+            for i, (prompt, bias) in enumerate(zip(prompts, [speech, speech, other], strict=True))
+        ]
+
+    windowed = run_all(generator, requests(lambda bias: bias))
+    assert (64, 448) in seen  # the union of (256, 448) and (64, 256), or one of them once the others ended
+    assert set(seen) <= {(64, 448), (256, 448), (64, 256)}
+    seen.clear()
+    finite = run_all(generator, requests(lambda bias: np.maximum(bias, -1.0e30)))
+    assert set(seen) == {None}
+    assert [sink.tokens for sink in windowed] == [sink.tokens for sink in finite]
+    assert all(256 <= token < 448 for sink in windowed[:2] for token in sink.tokens)
+    assert all(64 <= token < 200 for token in windowed[2].tokens)
+    seen.clear()
+    logits = replace(requests(lambda bias: bias)[0], return_generation_logits=True)
+    mixed = run_all(generator, [requests(lambda bias: bias)[1], greedy(prompts_of([4])[0], 6), logits])
+    assert set(seen) == {None}  # one may choose anything, one returns its logits: all the columns
+    assert mixed[0].tokens == windowed[1].tokens
+    assert mixed[2].outputs[0].generation_logits.shape == (len(mixed[2].tokens), 512)
 
 
 def test_penalties_run_in_the_decode_loop(generator, hf_model):

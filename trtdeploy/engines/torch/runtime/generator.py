@@ -534,10 +534,13 @@ class Generator:
         span = max(len(s.prompt) + len(s.tokens) for s in running.values()) + (self._in_flight is not None)
         batch, span = self.model.buckets(top, span)
         sequences = list(running.values())
+        # only the columns the running sequences' biases leave, unless one returns its logits
+        full = lockstep and any(sequence.job.request.return_generation_logits for sequence in sequences)
+        columns = None if full else self.sampler.columns(list(running))
         try:
             self._ban_ahead(sequences)
-            logits = self.model.decode(batch, span)
-            chosen = self.sampler.sample_decode(logits, self.model.positions[:batch])
+            logits = self.model.decode(batch, span, columns)
+            chosen = self.sampler.sample_decode(logits, self.model.positions[:batch], columns)
             self.model.advance(batch, chosen)
             tokens, ready = to_host(chosen)
             # A sequence whose prompt is still going through the steps: the step's choice is dropped, and the next

@@ -97,8 +97,9 @@ class SlotModel(ABC):
 
     The decode step reads its inputs from static device buffers (:attr:`tokens`, :attr:`positions`,
     :attr:`active`) and writes :attr:`logits`, so that it can be replayed as a CUDA graph. Subclasses own the
-    weights and the KV cache (one slot per sequence plus a scratch slot, index ``max_slots``, for the padding rows
-    of a prefill) and implement :meth:`_prefill_forward` and :meth:`_decode_forward`.
+    weights (the LM head as ``lm_head``) and the KV cache (one slot per sequence plus a scratch slot, index
+    ``max_slots``, for the padding rows of a prefill) and implement :meth:`_prefill_forward` and
+    :meth:`_decode_forward`.
     """
 
     #: Whether each sequence comes with encoder input features: such a model's ``encode(slots, features)`` fills the
@@ -131,10 +132,14 @@ class SlotModel(ABC):
         #: 1 for slots holding a running sequence (only those advance their position).
         self.active = torch.zeros(max_slots, dtype=torch.long, device=self.device)
         self.logits = torch.zeros(max_slots, self.vocab_size, dtype=self.dtype, device=self.device)
+        #: What the decode step's LM head writes: ``logits`` itself, unless a subclass pads its rows (Whisper).
+        self._head_out = self.logits
+        #: The vocabulary's columns ``(first, end)`` the decode step computes (see :meth:`decode`).
+        self._columns = (0, self.vocab_size)
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         #: Pad prefills to (rows, length) buckets; on by default with graphs, which replay padded prefills.
         self.pad_prefill = self.use_graphs
-        self._graphs: dict[tuple[int, int, Hashable], torch.cuda.CUDAGraph] = {}
+        self._graphs: dict[tuple[int, int, Hashable, tuple[int, int]], torch.cuda.CUDAGraph] = {}
         #: CUDA graphs captured so far (decode, prefill, sampling, encoder), for stats.
         self.captures = 0
         self._step_form: Hashable = None
@@ -184,7 +189,8 @@ class SlotModel(ABC):
 
     @abstractmethod
     def _decode_forward(self, batch: int, span: int) -> None:
-        """One token for slots ``[0, batch)``: reads the static inputs, writes K/V and ``logits[:batch]``."""
+        """One token for slots ``[0, batch)``: reads the static inputs, writes K/V and, last, the step's logits by
+        :meth:`_write_logits`."""
 
     # --- prefill ------------------------------------------------------------------------------------------------
 
@@ -275,9 +281,13 @@ class SlotModel(ABC):
         return graph, output
 
     @torch.inference_mode()
-    def decode(self, batch: int, span: int) -> torch.Tensor:
-        """Run one decode step in bucket ``(batch, span)`` (see :meth:`buckets`); returns ``logits[:batch]``."""
+    def decode(self, batch: int, span: int, columns: tuple[int, int] | None = None) -> torch.Tensor:
+        """Run one decode step in bucket ``(batch, span)`` (see :meth:`buckets`); returns ``logits[:batch]``, or
+        with ``columns`` ``(first, end)`` only those columns of them, ``[batch, end - first]``: the LM head then
+        reads only those rows of its weights (a request whose bias leaves a part of the vocabulary, as a speech
+        model's does, need not pay for the rest)."""
         self._step_form = self._choose_step_form(batch)
+        self._columns = columns or (0, self.vocab_size)
         if self.use_graphs:
             try:
                 graph = self._graph(batch, span)
@@ -285,9 +295,24 @@ class SlotModel(ABC):
                 self._give_up_graphs()
             else:
                 graph.replay()
-                return self.logits[:batch]
+                return self._step_logits(batch)
         self._decode_forward(batch, span)
-        return self.logits[:batch]
+        return self._step_logits(batch)
+
+    def _step_logits(self, batch: int) -> torch.Tensor:
+        first, end = self._columns
+        if (first, end) == (0, self.vocab_size):
+            return self.logits[:batch]
+        return self._head_out.view(-1)[: batch * (end - first)].view(batch, end - first)
+
+    def _write_logits(self, h: torch.Tensor, batch: int) -> None:
+        """The decode step's last operation: the LM head (``self.lm_head``, whose rows may be padded beyond the
+        vocabulary) over the step's columns."""
+        first, end = self._columns
+        if (first, end) == (0, self.vocab_size):
+            torch.mm(h, self.lm_head.t(), out=self._head_out[:batch])
+        else:
+            torch.mm(h, self.lm_head[first:end].t(), out=self._step_logits(batch))
 
     def _give_up_graphs(self) -> None:
         log.exception("CUDA graph capture failed: running eagerly from now on")
@@ -299,7 +324,7 @@ class SlotModel(ABC):
         return None
 
     def _graph(self, batch: int, span: int) -> torch.cuda.CUDAGraph:
-        key = (batch, span, self._step_form)
+        key = (batch, span, self._step_form, self._columns)
         graph = self._graphs.get(key)
         if graph is None:
             # Warm-up runs compute exactly the step about to be replayed, so their K/V writes are harmless.
@@ -494,7 +519,7 @@ class DecoderModel(SlotModel):
     # --- decode -------------------------------------------------------------------------------------------------
 
     def _decode_forward(self, batch: int, span: int) -> None:
-        """One token for slots ``[0, batch)``: reads the static inputs, writes K/V and ``logits[:batch]``. The new
+        """One token for slots ``[0, batch)``: reads the static inputs, writes K/V and the step's logits. The new
         queries and keys are rotated and the new K/V written by one kernel (:func:`rope_write_kv`), and each
         residual add is fused with the RMSNorm after it."""
         kv_heads, dim = self.num_kv_heads, self.head_dim
@@ -518,4 +543,4 @@ class DecoderModel(SlotModel):
             out = torch.bmm(probs, values_view).view(batch, -1)
             x, h = add_rms_norm(x, F.linear(out, layer.o_weight, layer.o_bias), layer.post_norm, self.eps)
             x, h = add_rms_norm(x, self._mlp(layer, h), next_norm, self.eps)
-        torch.mm(h, self.lm_head.t(), out=self.logits[:batch])
+        self._write_logits(h, batch)

@@ -11,6 +11,11 @@ Which operations a step needs (bias, penalties, banned tokens, ranking width, nu
 on the host from the slots' settings, a :class:`SamplingPlan`; the device work then has no host round trip, and a
 decode step's choice over slots ``[0, batch)`` is replayed as one CUDA graph per (batch, plan) when the model uses
 graphs.
+
+A request whose embedding bias is ``-inf`` outside a part of the vocabulary (a speech model's tokens after the text
+ones) can never choose a token outside it. When every running slot's bias leaves such a part, a decode step computes
+only the columns of their union (:meth:`SlotSampler.columns`): the LM head reads only those rows of its weights and
+the sampling works on those columns, choosing what it would choose over the whole vocabulary.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ log = logging.getLogger(__name__)
 _MASK32 = 0xFFFFFFFF
 # Odd multipliers below 2**31, so that products of 32-bit values never overflow int64.
 _MULTIPLIERS = (0x7FEB352D, 0x31848BAB)
+#: A bias's columns are widened to multiples of this: requests whose biases differ a little (a few more tokens
+#: banned) share the CUDA graphs of one column window, and the LM head's rows stay aligned.
+COLUMN_GRAIN = 1024
 
 
 def _mix(x: torch.Tensor) -> torch.Tensor:
@@ -53,6 +61,18 @@ def _gumbel(seeds: torch.Tensor, counters: torch.Tensor, token_ids: torch.Tensor
     return -torch.log(-torch.log(uniform_noise(seeds, counters, token_ids)))
 
 
+def bias_columns(bias: np.ndarray, vocab_size: int) -> tuple[int, int] | None:
+    """The columns ``(first, end)`` outside which ``bias`` (``[<= vocab]``, zeros beyond its end) is ``-inf``,
+    widened to :data:`COLUMN_GRAIN`; None when that is the whole vocabulary (or nothing: every token banned)."""
+    kept = np.flatnonzero(~np.isneginf(bias))
+    if not len(kept):
+        return None
+    end = vocab_size if len(bias) < vocab_size else int(kept[-1]) + 1
+    first = int(kept[0]) // COLUMN_GRAIN * COLUMN_GRAIN
+    end = min(-(-end // COLUMN_GRAIN) * COLUMN_GRAIN, vocab_size)
+    return None if (first, end) == (0, vocab_size) else (first, end)
+
+
 def _ranking_width(top_k: int, vocab_size: int) -> int:
     """``top_k`` rounded up to a power of two (fewer plans, hence fewer CUDA graphs), at most the vocabulary."""
     return min(1 << max(top_k - 1, 0).bit_length(), vocab_size)
@@ -62,10 +82,11 @@ def _ranking_width(top_k: int, vocab_size: int) -> int:
 class SamplingPlan:
     """What a sampling step over some slots must compute, decided from their settings on the host.
 
-    ``width`` is how many ranked candidates to keep: 0 draws over the whole vocabulary without ranking (plain
-    temperature sampling, or every row greedy when ``draws`` is off), the vocabulary size means a full sort.
-    ``biased``: some slot has an embedding bias; ``masked``: some slot has banned tokens (bad words, or end tokens
-    before its minimum length); ``log_probs``: some sampled slot wants the chosen tokens' log probabilities.
+    ``columns``: the logits are those columns ``(first, end)`` of the vocabulary only (None: all of it).
+    ``width`` is how many ranked candidates to keep: 0 draws over the columns without ranking (plain temperature
+    sampling, or every row greedy when ``draws`` is off), their count means a full sort. ``biased``: some slot has
+    an embedding bias; ``masked``: some slot has banned tokens (bad words, or end tokens before its minimum length);
+    ``log_probs``: some sampled slot wants the chosen tokens' log probabilities.
     """
 
     penalised: bool
@@ -75,6 +96,7 @@ class SamplingPlan:
     biased: bool = False
     masked: bool = False
     log_probs: bool = False
+    columns: tuple[int, int] | None = None
 
     @classmethod
     def of(
@@ -85,6 +107,7 @@ class SamplingPlan:
         biased: bool = False,
         masked: bool = False,
         log_probs: bool = False,
+        columns: tuple[int, int] | None = None,
     ) -> SamplingPlan:
         sampling = [p for p in params if not p.greedy]
         flags = {
@@ -93,7 +116,10 @@ class SamplingPlan:
             "biased": biased,
             "masked": masked,
             "log_probs": log_probs and bool(sampling),
+            "columns": columns,
         }
+        if columns is not None:
+            vocab_size = columns[1] - columns[0]
         if not sampling or all(p.top_k <= 0 and not p.uses_top_p for p in sampling):
             return cls(width=0, nucleus=False, **flags)
         if all(p.top_k > 0 for p in sampling):
@@ -105,6 +131,10 @@ class SamplingPlan:
     @property
     def argmax_only(self) -> bool:
         return not (self.penalised or self.draws or self.biased or self.masked)
+
+    def span(self, vocab_size: int) -> tuple[int, int]:
+        """The columns the logits hold."""
+        return self.columns or (0, vocab_size)
 
 
 class SlotSampler:
@@ -145,6 +175,8 @@ class SlotSampler:
         self.bias: torch.Tensor | None = None
         self.banned: torch.Tensor | None = None
         self._biased: set[int] = set()
+        #: The columns of each biased slot whose bias leaves only a part of the vocabulary (see bias_columns).
+        self._columns: dict[int, tuple[int, int] | None] = {}
         self._bans: dict[int, frozenset[int]] = {}
         self._log_probs: set[int] = set()
         self._slot_index = torch.arange(max_slots, device=device)
@@ -193,6 +225,7 @@ class SlotSampler:
                     self.bias = self._table(torch.float32)
                 self.bias[slot, : len(bias)] = to_device(bias, self.device, torch.float32)
                 self._biased.add(slot)
+                self._columns[slot] = bias_columns(bias, self.vocab_size)
             if log_probs is not None and log_probs[position]:
                 self._log_probs.add(slot)
 
@@ -226,16 +259,27 @@ class SlotSampler:
         if slot in self._biased:
             self.bias[slot].zero_()
             self._biased.discard(slot)
+            del self._columns[slot]
 
     def log_probs_of(self, slots: list[int]) -> list[float]:
         """The log probabilities of the slots' last chosen tokens (0 for a greedy slot)."""
         values = self.chosen_log_probs[torch.as_tensor(slots, device=self.device)].tolist()
         return [0.0 if self.params[slot].greedy else value for slot, value in zip(slots, values, strict=True)]
 
-    def _plan(self, slots: list[int] | range) -> SamplingPlan:
+    def columns(self, slots: list[int]) -> tuple[int, int] | None:
+        """The columns a step over ``slots`` needs: the union of their biases' (every other column is ``-inf`` for
+        each of them), or None when one of them may choose any token."""
+        if not self._columns:  # the common case: no slot has a bias
+            return None
+        spans = [self._columns.get(slot) for slot in slots]
+        if not spans or None in spans:
+            return None
+        return min(first for first, _ in spans), max(end for _, end in spans)
+
+    def _plan(self, slots: list[int] | range, columns: tuple[int, int] | None = None) -> SamplingPlan:
         params = [self.params[slot] for slot in slots]
         if not (self._biased or self._bans or self._log_probs):  # the common case: no slot asks for any of them
-            return SamplingPlan.of(params, self.vocab_size)
+            return SamplingPlan.of(params, self.vocab_size, columns=columns)
         chosen = set(slots)
         return SamplingPlan.of(
             params,
@@ -243,6 +287,7 @@ class SlotSampler:
             biased=not self._biased.isdisjoint(chosen),
             masked=not chosen.isdisjoint(self._bans),
             log_probs=not self._log_probs.isdisjoint(chosen),
+            columns=columns,
         )
 
     @torch.inference_mode()
@@ -257,11 +302,14 @@ class SlotSampler:
         return self._remember(rows, self._choose(logits, rows, counters, plan), plan)
 
     @torch.inference_mode()
-    def sample_decode(self, logits: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    def sample_decode(
+        self, logits: torch.Tensor, counters: torch.Tensor, columns: tuple[int, int] | None = None
+    ) -> torch.Tensor:
         """:meth:`sample` for a decode step over slots ``[0, len(logits))`` whose ``logits`` and ``counters`` are
-        the model's static buffers: replayed as a CUDA graph when the sampler was given ``capture``."""
+        the model's static buffers: replayed as a CUDA graph when the sampler was given ``capture``. With
+        ``columns`` (from :meth:`columns` over the running slots), ``logits`` hold only those columns."""
         batch = len(logits)
-        plan = self._plan(range(batch))
+        plan = self._plan(range(batch), columns)
         rows = self._slot_index[:batch]
         entry = self._graphs.get((batch, plan))
         if entry is None and self._capture is not None:
@@ -287,18 +335,19 @@ class SlotSampler:
     def _choose(self, logits: torch.Tensor, rows: torch.Tensor, counters: torch.Tensor, plan: SamplingPlan):
         """The device work of a sampling step: no host synchronisation, and no side effect but the chosen tokens'
         log probabilities, so it can be captured."""
+        first, end = plan.span(self.vocab_size)
         if plan.argmax_only:
-            return logits.argmax(-1)
+            return logits.argmax(-1) + first
         logits = logits.float()
         if plan.biased:
-            logits = logits + self.bias[rows]
+            logits = logits + self.bias[rows, first:end]
         if plan.draws or plan.penalised:
             logits = logits / self.temperature[rows][:, None]
         if plan.penalised:
-            logits = self._penalise(logits, rows)
+            logits = self._penalise(logits, rows, first, end)
         if plan.masked:
-            logits = logits.masked_fill(self.banned[rows], float("-inf"))
-        chosen = logits.argmax(-1)
+            logits = logits.masked_fill(self.banned[rows, first:end], float("-inf"))
+        chosen = logits.argmax(-1) + first
         if plan.draws:
             drawn, log_probs = self._draw(logits, rows, counters, plan)
             greedy = self.greedy[rows]
@@ -307,8 +356,8 @@ class SlotSampler:
                 self.chosen_log_probs.index_copy_(0, rows, log_probs.masked_fill(greedy, 0.0))
         return chosen
 
-    def _penalise(self, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        counts = self.counts[rows]
+    def _penalise(self, logits: torch.Tensor, rows: torch.Tensor, first: int, end: int) -> torch.Tensor:
+        counts = self.counts[rows, first:end]
         seen = counts > 0
         repetition = self.repetition[rows][:, None]
         logits = torch.where(seen, torch.where(logits < 0, logits * repetition, logits / repetition), logits)
@@ -318,16 +367,18 @@ class SlotSampler:
     def _draw(self, logits: torch.Tensor, rows: torch.Tensor, counters: torch.Tensor, plan: SamplingPlan):
         """A draw per row among its kept candidates, and the drawn token's log probability among them."""
         seeds = self.seed[rows]
+        first, end = plan.span(self.vocab_size)
         if plan.width == 0:
             # Plain temperature sampling: no candidate ranking needed.
-            token_ids = torch.arange(self.vocab_size, device=self.device).expand_as(logits)
+            token_ids = torch.arange(first, end, device=self.device).expand_as(logits)
             winner = (logits + _gumbel(seeds, counters, token_ids)).argmax(-1, keepdim=True)
             log_probs = torch.log_softmax(logits, -1).gather(-1, winner).squeeze(-1) if plan.log_probs else None
-            return winner.squeeze(-1), log_probs
-        if plan.width < self.vocab_size:
+            return winner.squeeze(-1) + first, log_probs
+        if plan.width < end - first:
             values, token_ids = logits.topk(plan.width, -1)
         else:
             values, token_ids = logits.sort(-1, descending=True)
+        token_ids = token_ids + first
         ranks = torch.arange(plan.width, device=self.device)
         top_k = self.top_k[rows]
         keep = (ranks[None, :] < top_k[:, None]) | (top_k[:, None] == 0)

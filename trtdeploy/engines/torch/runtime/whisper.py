@@ -147,8 +147,8 @@ class WhisperModel(SlotModel):
         self.lm_head = F.pad(head.detach(), (0, 0, 0, padded - self.vocab_size))
         if head.data_ptr() == self.embed.data_ptr():
             self.embed = self.lm_head[: self.vocab_size]
-        self._padded_logits = torch.zeros(max_slots, padded, dtype=self.dtype, device=self.device)
-        self.logits = self._padded_logits[:, : self.vocab_size]
+        self._head_out = torch.zeros(max_slots, padded, dtype=self.dtype, device=self.device)
+        self.logits = self._head_out[:, : self.vocab_size]
 
         cache_shape = (len(self.layers), max_slots + 1, self.num_heads, max_seq_len, self.head_dim)
         self.k_cache = torch.zeros(cache_shape, dtype=self.dtype, device=self.device)
@@ -411,4 +411,4 @@ class WhisperModel(SlotModel):
             )
             x, h = add_layer_norm(x, F.linear(out.reshape(batch, -1), *layer.cross_out), layer.mlp_norm, self.eps)
             x, h = add_layer_norm(x, self._mlp(layer, h), next_norm, self.eps)
-        torch.mm(h, self.lm_head.t(), out=self._padded_logits[:batch])
+        self._write_logits(h, batch)

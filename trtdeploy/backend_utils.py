@@ -85,7 +85,8 @@ def call_model(model: str, inputs: list, outputs: list[str], trace: Any = None) 
 class CallAhead:
     """Runs a stream's next call (the LLM's next segment) on a thread of its own while the caller works on what the
     last one returned (turning its tokens into audio): a BLS call releases the GIL while it waits, so the two models
-    work at once for one request. One call is in flight at a time; each model instance keeps one of these.
+    work at once for one request. One call is in flight at a time; a model instance keeps one of these for each
+    call it overlaps with its own work.
 
     ``drain`` (in a ``finally``) waits for a call still in flight, so that nothing runs on for a request that has
     ended, failed or been cancelled."""

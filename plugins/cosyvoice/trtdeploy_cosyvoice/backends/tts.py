@@ -126,6 +126,8 @@ class TritonPythonModel:
         self.mel.features(np.zeros(REFERENCE_RATE, dtype=np.float32))
         self.voices = VoiceStore(params.str("speaker_dir"))
         self.ahead = CallAhead()
+        #: The prompt's text normalisation, on a thread of its own while this one computes the reference's mel.
+        self.beside = CallAhead()
 
     def execute(self, requests: list) -> None:
         for request in requests:
@@ -195,6 +197,7 @@ class TritonPythonModel:
             self._synthesize(job, sender)
         finally:
             self.ahead.drain()  # a BLS call still in flight when the request failed
+            self.beside.drain()
 
     def _synthesize(self, job: Synthesis, sender) -> None:
         try:
@@ -234,11 +237,13 @@ class TritonPythonModel:
             row_tensor("reference_wav_len", [job.wav.size], np.int32),
         ]
         # the ensemble runs the tokenizer and the speaker embedding side by side; meanwhile, the reference's mel and
-        # the prompt's texts are worked out here
+        # the prompt's texts are worked out here, each on a thread (numpy's FFT and wetext leave each other the GIL
+        # part of the time)
         outputs = ["prompt_speech_tokens", "prompt_spk_embedding"]
         self.ahead.start(call_model, "reference_voice", inputs, outputs, job.trace)
+        self.beside.start(self._prompt_texts, job, reference_text)
         features = self.mel.features(job.wav)
-        self._prompt_texts(job, reference_text)
+        self.beside.result()
         try:
             response = self.ahead.result()
         except RuntimeError as exc:

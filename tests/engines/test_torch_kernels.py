@@ -153,3 +153,17 @@ def test_write_cross_kv_fills_each_inputs_slot_at_its_frames(frames):
     kernels.write_cross_kv(kv, k_cache, v_cache, slot_index)
     assert torch.equal(k_cache.cpu(), ref_k) and torch.equal(v_cache.cpu(), ref_v)
     assert ref_k[4].abs().sum() > 0 and ref_k[1].abs().sum() == 0
+
+
+@kernel_test
+def test_gumbel_noise_is_the_hash_of_the_pytorch_ops_for_ranked_and_expanded_ids():
+    seeds = torch.tensor([5, 2**62 + 12345, 0], device=DEVICE)
+    counters = torch.tensor([0, 7, 2**31 + 3], device=DEVICE)
+    ranked = torch.randint(0, 158336, (3, 64), generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    expanded = torch.arange(1024, 1024 + 3000, device=DEVICE).expand(3, -1)  # a window of the vocabulary, each row
+    for ids in (ranked, expanded):
+        noise = kernels.gumbel_noise(seeds, counters, ids)
+        with pytorch_path():
+            expected = kernels.gumbel_noise(seeds.cpu(), counters.cpu(), ids.cpu())
+        assert noise.shape == ids.shape and noise.dtype == torch.float32
+        torch.testing.assert_close(noise.cpu(), expected, atol=1e-5, rtol=1e-5)

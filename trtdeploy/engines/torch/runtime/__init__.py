@@ -24,8 +24,9 @@ from ...contract import (
 )
 from .. import unsupported_reason
 from .generator import Generator, GeneratorConfig
+from .kernels import uniform_noise
 from .model import DecoderModel, SlotModel
-from .sampling import SamplingPlan, SlotSampler, uniform_noise
+from .sampling import SamplingPlan, SlotSampler
 from .whisper import WhisperModel
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

@@ -29,36 +29,13 @@ import torch
 
 from ...contract import SamplingParams
 from .host import to_device
+from .kernels import gumbel_noise
 
 log = logging.getLogger(__name__)
 
-_MASK32 = 0xFFFFFFFF
-# Odd multipliers below 2**31, so that products of 32-bit values never overflow int64.
-_MULTIPLIERS = (0x7FEB352D, 0x31848BAB)
 #: A bias's columns are widened to multiples of this: requests whose biases differ a little (a few more tokens
 #: banned) share the CUDA graphs of one column window, and the LM head's rows stay aligned.
 COLUMN_GRAIN = 1024
-
-
-def _mix(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash (xor-shift-multiply rounds) on int64 tensors holding values below 2**32."""
-    for multiplier in _MULTIPLIERS:
-        x = x ^ (x >> 16)
-        x = (x * multiplier) & _MASK32
-    return x ^ (x >> 16)
-
-
-def uniform_noise(seeds: torch.Tensor, counters: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """Uniform floats in (0, 1), one per ``token_ids [rows, n]`` entry, a pure function of (seed, counter, id)."""
-    seeds = seeds.to(torch.int64)
-    key = _mix((seeds & _MASK32) ^ _mix((seeds >> 32) & _MASK32))
-    key = _mix(key ^ _mix(counters.to(torch.int64) & _MASK32))
-    bits = _mix(key[:, None] ^ _mix(token_ids.to(torch.int64)))
-    return ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
-
-
-def _gumbel(seeds: torch.Tensor, counters: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    return -torch.log(-torch.log(uniform_noise(seeds, counters, token_ids)))
 
 
 def bias_columns(bias: np.ndarray, vocab_size: int) -> tuple[int, int] | None:
@@ -93,6 +70,8 @@ class SamplingPlan:
     draws: bool
     width: int
     nucleus: bool
+    #: Some slot has a presence or frequency penalty (the repetition penalty alone needs neither term).
+    additive: bool = False
     biased: bool = False
     masked: bool = False
     log_probs: bool = False
@@ -112,6 +91,7 @@ class SamplingPlan:
         sampling = [p for p in params if not p.greedy]
         flags = {
             "penalised": any(p.penalised for p in params),
+            "additive": any(p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in params),
             "draws": bool(sampling),
             "biased": biased,
             "masked": masked,
@@ -344,7 +324,7 @@ class SlotSampler:
         if plan.draws or plan.penalised:
             logits = logits / self.temperature[rows][:, None]
         if plan.penalised:
-            logits = self._penalise(logits, rows, first, end)
+            logits = self._penalise(logits, rows, first, end, plan.additive)
         if plan.masked:
             logits = logits.masked_fill(self.banned[rows, first:end], float("-inf"))
         chosen = logits.argmax(-1) + first
@@ -356,11 +336,13 @@ class SlotSampler:
                 self.chosen_log_probs.index_copy_(0, rows, log_probs.masked_fill(greedy, 0.0))
         return chosen
 
-    def _penalise(self, logits: torch.Tensor, rows: torch.Tensor, first: int, end: int) -> torch.Tensor:
+    def _penalise(self, logits: torch.Tensor, rows: torch.Tensor, first: int, end: int, additive: bool) -> torch.Tensor:
         counts = self.counts[rows, first:end]
         seen = counts > 0
         repetition = self.repetition[rows][:, None]
         logits = torch.where(seen, torch.where(logits < 0, logits * repetition, logits / repetition), logits)
+        if not additive:
+            return logits
         presence = torch.where(seen, self.presence[rows][:, None], 0.0)
         return logits - presence - self.frequency[rows][:, None] * counts
 
@@ -371,7 +353,7 @@ class SlotSampler:
         if plan.width == 0:
             # Plain temperature sampling: no candidate ranking needed.
             token_ids = torch.arange(first, end, device=self.device).expand_as(logits)
-            winner = (logits + _gumbel(seeds, counters, token_ids)).argmax(-1, keepdim=True)
+            winner = (logits + gumbel_noise(seeds, counters, token_ids)).argmax(-1, keepdim=True)
             log_probs = torch.log_softmax(logits, -1).gather(-1, winner).squeeze(-1) if plan.log_probs else None
             return winner.squeeze(-1) + first, log_probs
         if plan.width < end - first:
@@ -387,6 +369,6 @@ class SlotSampler:
             probs = torch.softmax(values, -1)
             before = probs.cumsum(-1) - probs
             values = values.masked_fill(before >= self.top_p[rows][:, None], float("-inf"))
-        winner = (values + _gumbel(seeds, counters, token_ids)).argmax(-1, keepdim=True)
+        winner = (values + gumbel_noise(seeds, counters, token_ids)).argmax(-1, keepdim=True)
         log_probs = torch.log_softmax(values, -1).gather(-1, winner).squeeze(-1) if plan.log_probs else None
         return token_ids.gather(-1, winner).squeeze(-1), log_probs

@@ -260,6 +260,13 @@ def test_uniform_noise_is_a_pure_function_and_well_spread():
     again = uniform_noise(torch.tensor([5]), torch.tensor([1]), ids[:1])
     assert torch.equal(first[1], again[0])
     assert not torch.equal(first[0], first[1])
+    # strictly inside (0, 1) for every hash, so the Gumbel noise is finite: at 1.0 it is +inf and would win over any
+    # logit, a banned one too (seed 25, counter 0 drew it over a 152k vocabulary when 24 bits were kept)
+    wide = uniform_noise(torch.tensor([25] * 8), torch.arange(8), torch.arange(152000).expand(8, -1))
+    assert 0.0 < wide.min() and wide.max() < 1.0
+    assert torch.isfinite(
+        sampling.gumbel_noise(torch.tensor([25] * 8), torch.arange(8), torch.arange(152000).expand(8, -1))
+    ).all()
     assert 0 < first.min() and first.max() < 1
     assert abs(first.mean().item() - 0.5) < 0.01
     assert abs(first.var().item() - 1 / 12) < 0.005

@@ -58,8 +58,8 @@ class PromptMel:
         return _periodic_hann(N_FFT).astype(np.float32)
 
     def features(self, wave: np.ndarray) -> np.ndarray:
-        """In float32 where upstream's torch computes in float32; the magnitudes only of the bins a filter reads
-        (this runs on the entry's CPU before the first chunk)."""
+        """The magnitudes, mel and log in float32 (upstream's torch computes in float32; NumPy's FFT itself works in
+        float64), and only over the bins a filter reads (this runs on the entry's CPU before the first chunk)."""
         import soxr
 
         samples = soxr.resample(np.asarray(wave, dtype=np.float32), REFERENCE_RATE, SAMPLE_RATE)

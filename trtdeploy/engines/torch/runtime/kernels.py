@@ -163,7 +163,7 @@ if triton is not None:
         key = _mix32((seed & 0xFFFFFFFF) ^ _mix32((seed >> 32) & 0xFFFFFFFF))
         key = _mix32(key ^ _mix32(tl.load(counters_ptr + row) & 0xFFFFFFFF))
         ids = tl.load(ids_ptr + row * ids_row_stride + columns, mask=inside, other=0)
-        uniform = ((_mix32(key ^ _mix32(ids)) >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+        uniform = ((_mix32(key ^ _mix32(ids)) >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
         tl.store(out_ptr + row * cols + columns, -tl.log(-tl.log(uniform)), mask=inside)
 
     @triton.jit
@@ -208,7 +208,9 @@ def uniform_noise(seeds: torch.Tensor, counters: torch.Tensor, token_ids: torch.
     key = _mix((seeds & _MASK32) ^ _mix((seeds >> 32) & _MASK32))
     key = _mix(key ^ _mix(counters.to(torch.int64) & _MASK32))
     bits = _mix(key[:, None] ^ _mix(token_ids.to(torch.int64)))
-    return ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    # 23 bits: (n + 0.5) / 2**23 is exact in float32 and below 1 (with 24 the largest rounds to 1.0, whose Gumbel
+    # noise is +inf: that token would win whatever its logit, even a banned one)
+    return ((bits >> 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))
 
 
 def gumbel_noise(seeds: torch.Tensor, counters: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:

@@ -254,7 +254,8 @@ class SlotSampler:
         spans = [self._columns.get(slot) for slot in slots]
         if not spans or None in spans:
             return None
-        return min(first for first, _ in spans), max(end for _, end in spans)
+        union = min(first for first, _ in spans), max(end for _, end in spans)
+        return None if union == (0, self.vocab_size) else union
 
     def _plan(self, slots: list[int] | range, columns: tuple[int, int] | None = None) -> SamplingPlan:
         params = [self.params[slot] for slot in slots]
